@@ -1,0 +1,45 @@
+"""Precision names as users type them, and the tolerance profile two precisions imply."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from conformance.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+#: canonical name → accepted spellings
+_ALIASES = {
+    "float32": ("float32", "fp32", "f32"),
+    "bfloat16": ("bfloat16", "bf16"),
+    "float16": ("float16", "fp16", "half", "f16"),
+}
+#: canonical name → the profile that a stack at that precision is held to
+_PROFILE_OF = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+#: coarser precision first: the profile follows the least precise side
+_COARSENESS = ("bfloat16", "float16", "float32")
+
+DTYPE_NAMES = tuple(_ALIASES)
+
+
+def canonical_dtype(name: str) -> str:
+    """Return ``float32``, ``bfloat16`` or ``float16`` for any accepted spelling."""
+    lowered = name.strip().lower()
+    for canonical, spellings in _ALIASES.items():
+        if lowered in spellings:
+            return canonical
+    raise UsageError(f"unknown dtype {name!r}", f"use one of: {', '.join(DTYPE_NAMES)}")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    return getattr(torch, canonical_dtype(name))
+
+
+def implied_profile(engine_dtype: str, backend_dtype: str) -> str:
+    """The tolerance profile for a stack: that of its less precise side."""
+    dtypes = {canonical_dtype(engine_dtype), canonical_dtype(backend_dtype)}
+    coarsest = next(d for d in _COARSENESS if d in dtypes)
+    return _PROFILE_OF[coarsest]

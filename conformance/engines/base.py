@@ -1,0 +1,136 @@
+"""The Engine protocol: what an inference engine (vLLM, SGLang, transformers ``generate``) must do.
+
+An engine samples rollouts and reports the log-probability of each token it sampled; it can
+also score given sequences (per-token log-probability given the prefix, one prefill).
+
+Token positions: for a sequence ``s`` of length n, ``score`` returns n − 1 values, entry ``t``
+being ``log p(s[t + 1] | s[: t + 1])``. Position 0 has no prefix and is never scored.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from conformance.errors import UsageError
+
+
+class LogprobKind(str, enum.Enum):
+    """Which distribution a reported log-probability belongs to."""
+
+    #: log softmax of the model's logits — what a trainer recomputes; the default
+    RAW = "raw"
+    #: after temperature / top-k / top-p renormalisation — biases ratios by log(S)
+    PROCESSED = "processed"
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """How to sample. ``top_k = 0`` and ``top_p = 1.0`` mean "off"."""
+
+    max_new_tokens: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    #: fixed-length rollouts make engine and backend comparable token by token
+    ignore_eos: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise UsageError(f"max_new_tokens={self.max_new_tokens}", "use max_new_tokens >= 1")
+        if self.temperature <= 0:
+            raise UsageError(f"temperature={self.temperature}", "use a temperature > 0")
+        if not 0 < self.top_p <= 1:
+            raise UsageError(f"top_p={self.top_p}", "use 0 < top_p <= 1")
+        if self.top_k < 0:
+            raise UsageError(f"top_k={self.top_k}", "use top_k >= 0 (0 = off)")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "seed": self.seed,
+            "ignore_eos": self.ignore_eos,
+        }
+
+
+@dataclass
+class Completion:
+    """One sampled continuation and the engine's log-probability of each sampled token."""
+
+    prompt: list[int]
+    tokens: list[int]
+    logprobs: list[float]
+    #: per sampled position, the engine's top-k ``{token_id: logprob}``, when asked for
+    top_logprobs: list[dict[int, float]] | None = None
+    finish_reason: str = "length"
+
+    @property
+    def sequence(self) -> list[int]:
+        return self.prompt + self.tokens
+
+
+@dataclass
+class EngineConfig:
+    """What every engine is built from. ``options`` holds engine-specific knobs."""
+
+    model: Path
+    dtype: str = "float32"
+    logprobs: LogprobKind = LogprobKind.RAW
+    seed: int = 0
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Engine(ABC):
+    """An inference engine behind one protocol. Start it once; ``close`` it always."""
+
+    #: registry name, e.g. ``"vllm"``
+    name: ClassVar[str]
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+
+    @abstractmethod
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        spec: SamplingSpec,
+        *,
+        top_logprobs: int = 0,
+    ) -> list[Completion]:
+        """Sample one completion per prompt; return them in prompt order.
+
+        Each ``Completion.logprobs[i]`` is the engine's log-probability of ``tokens[i]``,
+        of the kind given by ``config.logprobs``.
+        """
+
+    @abstractmethod
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Per-token log-probabilities of given sequences (raw), n − 1 values per sequence."""
+
+    def load_weights(self, state_dict: Mapping[str, Any]) -> None:
+        """Replace the engine's weights in place (RL weight sync)."""
+        raise NotImplementedError(
+            f"engine {self.name!r} cannot take new weights; implement load_weights() "
+            "or choose an engine that can (hf-generate, vllm, sglang)"
+        )
+
+    def info(self) -> dict[str, Any]:
+        """What identifies this engine in a stack fingerprint: versions, knobs, device."""
+        return {"engine": self.name, "dtype": self.config.dtype, "logprobs": self.config.logprobs.value}
+
+    def close(self) -> None:
+        """Release everything the engine holds (processes, ports, memory). Idempotent."""
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,38 @@
+"""Errors a user can fix. Each renders as one line naming the problem and the fix."""
+
+from __future__ import annotations
+
+
+class ConformanceError(Exception):
+    """Base of every user-facing error; ``str()`` is one line: problem, then the fix."""
+
+    exit_code = 2
+
+    def __init__(self, problem: str, fix: str = "") -> None:
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{problem} (fix: {fix})" if fix else problem)
+
+
+class UsageError(ConformanceError):
+    """A bad argument or option value."""
+
+
+class ModelError(ConformanceError):
+    """The model folder is missing, unreadable, or inconsistent (e.g. tokenizer vs vocab)."""
+
+
+class ProfileError(ConformanceError):
+    """An unknown or malformed tolerance profile."""
+
+
+class EngineUnavailable(ConformanceError):
+    """An engine or backend whose package is not installed, or a server that does not answer."""
+
+
+class EngineCrashed(ConformanceError):
+    """An engine died while measurements were being taken; what was measured is kept."""
+
+
+class NonFiniteLogprobs(ConformanceError, ValueError):
+    """NaN/inf log-probabilities at valid positions, or nothing valid to measure."""
