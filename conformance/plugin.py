@@ -1,0 +1,1 @@
+"""pytest plugin for tim-conformance (filled in with the suites)."""
