@@ -124,7 +124,11 @@ class Engine(ABC):
 
     def info(self) -> dict[str, Any]:
         """What identifies this engine in a stack fingerprint: versions, knobs, device."""
-        return {"engine": self.name, "dtype": self.config.dtype, "logprobs": self.config.logprobs.value}
+        return {
+            "engine": self.name,
+            "dtype": self.config.dtype,
+            "logprobs": self.config.logprobs.value,
+        }
 
     def close(self) -> None:
         """Release everything the engine holds (processes, ports, memory). Idempotent."""

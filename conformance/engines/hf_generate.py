@@ -1,0 +1,146 @@
+"""The ``hf-generate`` engine: transformers ``generate`` with a KV cache and left padding.
+
+Incremental decode over a cache is a genuinely different numerical path from the backend's
+full-sequence forward, which is what makes it a useful reference engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from conformance.engines.base import (
+    Completion,
+    Engine,
+    EngineConfig,
+    LogprobKind,
+    SamplingSpec,
+)
+from conformance.errors import UsageError
+from conformance.hf_model import device, gather_logprobs, load_causal_lm
+
+_OPTIONS = {"attn_implementation": "sdpa"}
+
+
+class HFGenerateEngine(Engine):
+    name = "hf-generate"
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        unknown = set(config.options) - set(_OPTIONS)
+        if unknown:
+            raise UsageError(
+                f"unknown hf-generate option(s) {sorted(unknown)}",
+                f"valid options: {', '.join(_OPTIONS)}",
+            )
+        self.options = {**_OPTIONS, **config.options}
+        self._model = load_causal_lm(
+            config.model, config.dtype, self.options["attn_implementation"]
+        )
+        self._pad_id = self._model.config.pad_token_id or 0
+        self._eos_id = self._model.config.eos_token_id
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        spec: SamplingSpec,
+        *,
+        top_logprobs: int = 0,
+    ) -> list[Completion]:
+        import torch
+        from transformers import GenerationConfig
+
+        width = max(map(len, prompts))
+        ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = torch.tensor(list(prompt))
+            mask[row, width - len(prompt) :] = 1
+        generation = GenerationConfig(
+            do_sample=True,
+            max_new_tokens=spec.max_new_tokens,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            # 0 disables top-k; None would fall back to generate's default of 50
+            top_k=spec.top_k,
+            # ignore_eos: no stop token, so every rollout has max_new_tokens tokens
+            eos_token_id=None if spec.ignore_eos else self._eos_id,
+            pad_token_id=self._pad_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+            output_scores=True,
+        )
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(spec.seed)
+            out = self._model.generate(
+                input_ids=ids.to(device()),
+                attention_mask=mask.to(device()),
+                generation_config=generation,
+            )
+        new_tokens = out.sequences[:, width:].cpu()
+        # raw logits are the model's distribution; scores are after temperature/top-k/top-p
+        steps = out.logits if self.config.logprobs is LogprobKind.RAW else out.scores
+        stacked = torch.stack([s.float().cpu() for s in steps], dim=1)
+        token_lp, _ = gather_logprobs(stacked, new_tokens)
+        top = torch.log_softmax(stacked, -1).topk(top_logprobs, dim=-1) if top_logprobs else None
+        return [
+            self._completion(list(prompts[row]), new_tokens[row], token_lp[row], top, row, spec)
+            for row in range(len(prompts))
+        ]
+
+    def _completion(
+        self,
+        prompt: list[int],
+        tokens: Any,
+        logprobs: Any,
+        top: Any,
+        row: int,
+        spec: SamplingSpec,
+    ) -> Completion:
+        length = len(tokens)
+        finish = "length"
+        if not spec.ignore_eos and self._eos_id is not None:
+            hits = (tokens == self._eos_id).nonzero()
+            if len(hits):
+                length, finish = int(hits[0]) + 1, "eos"
+        top_lps = None
+        if top is not None:
+            top_lps = [
+                dict(zip(top.indices[row, t].tolist(), top.values[row, t].tolist(), strict=True))
+                for t in range(length)
+            ]
+        return Completion(
+            prompt=prompt,
+            tokens=tokens[:length].tolist(),
+            logprobs=logprobs[:length].tolist(),
+            top_logprobs=top_lps,
+            finish_reason=finish,
+        )
+
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        import torch
+
+        width = max(map(len, sequences))
+        ids = torch.full((len(sequences), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, seq in enumerate(sequences):
+            ids[row, : len(seq)] = torch.tensor(list(seq))
+            mask[row, : len(seq)] = 1
+        with torch.no_grad():
+            logits = self._model(
+                input_ids=ids.to(device()), attention_mask=mask.to(device())
+            ).logits
+        lp, _ = gather_logprobs(logits[:, :-1], ids[:, 1:].to(device()))
+        return [lp[row, : len(seq) - 1].tolist() for row, seq in enumerate(sequences)]
+
+    def load_weights(self, state_dict: Mapping[str, Any]) -> None:
+        import torch
+
+        with torch.no_grad():
+            # load_state_dict copies into the engine's own tensors, casting to its dtype
+            self._model.load_state_dict(dict(state_dict), strict=True)
+
+    def info(self) -> dict[str, Any]:
+        import transformers
+
+        return {**super().info(), "transformers": transformers.__version__, **self.options}

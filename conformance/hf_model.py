@@ -1,0 +1,57 @@
+"""Shared transformers plumbing for the ``hf-generate`` engine and the ``hf`` backend."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from conformance.dtypes import torch_dtype
+from conformance.errors import ModelError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
+
+def load_causal_lm(model: Path, dtype: str, attn_implementation: str) -> PreTrainedModel:
+    """Load a causal LM from a local folder, offline, in eval mode on CPU/GPU as available."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        lm = AutoModelForCausalLM.from_pretrained(
+            str(model), dtype=torch_dtype(dtype), attn_implementation=attn_implementation
+        )
+    except (OSError, ValueError) as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(
+            f"cannot load a causal LM from {model}: {first_line}",
+            "pass --model DIR with a transformers model folder, e.g. one made by "
+            "`tim-conformance make-model DIR`",
+        ) from exc
+    return lm.to(device()).eval()
+
+
+def device() -> torch.device:
+    import torch
+
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def gather_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability of ``targets`` and the entropy, from ``logits`` ``[..., V]``.
+
+    log p = log_softmax(logits / T)[target], computed in float32 as trainers do
+    (verl ``logprobs_from_logits``); H = −Σ p log p over the vocabulary.
+    """
+    import torch
+
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return picked, entropy
