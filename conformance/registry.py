@@ -42,9 +42,11 @@ class Registry(Generic[T]):
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            hint = self._install_hints[name] or f"install the package that {self.kind} {name!r} needs"
+            hint = (
+                self._install_hints[name] or f"install the package that {self.kind} {name!r} needs"
+            )
             raise EngineUnavailable(
-                f"{self.kind} {name!r} cannot be loaded ({exc.msg if hasattr(exc, 'msg') else exc})",
+                f"{self.kind} {name!r} cannot be loaded ({exc})",
                 hint,
             ) from exc
         return getattr(module, class_name)

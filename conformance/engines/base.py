@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from conformance.errors import UsageError
 
 
-class LogprobKind(str, enum.Enum):
+class LogprobKind(enum.StrEnum):
     """Which distribution a reported log-probability belongs to."""
 
     #: log softmax of the model's logits — what a trainer recomputes; the default
