@@ -1,0 +1,339 @@
+"""report.json → one self-contained HTML page: verdict first, then stack, suites, RL curves."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from conformance.report import plots
+from conformance.report.html import Markup, as_text, code_block, esc, join, page, table, tag
+from conformance.report.schema import is_lower_bound, suites, validate_report, worst_metrics
+from conformance.report.stats import pool_samples
+
+#: failing checks shown in full per suite; the rest are listed in one line each
+MAX_DETAILED_FAILURES = 20
+#: rows of any per-check listing; the full data stays in report.json
+MAX_LISTED_CHECKS = 200
+#: prompt ids shown per sequence of a reproducer (the replay command carries the full case)
+MAX_PROMPT_IDS = 256
+
+VERDICTS = {
+    "pass": ("ok", "CERTIFIED"),
+    "fail": ("bad", "NOT CERTIFIED"),
+    "incomplete": ("warn", "INCOMPLETE"),
+}
+STATUS_MARK = {"pass": "✔ pass", "fail": "✘ fail", "error": "✘ error", "skip": "– skip"}
+
+
+def render_html(report: dict, *, rl_curves: list[dict] | None = None) -> str:
+    """The report page as a string (see ``write_html``)."""
+    validate_report(report)
+    grouped = suites(report)
+    body = [verdict_banner(report), run_table(report), suite_overview(grouped)]
+    body += [suite_section(name, checks) for name, checks in grouped.items()]
+    if report.get("rl") or rl_curves:
+        body.append(rl_section(report.get("rl") or {}, rl_curves or []))
+    body.append(tag("footer", f"tim-conformance report · {report.get('created', '')}"))
+    return page("tim-conformance report", tag("main", join(body)))
+
+
+def write_html(report: dict, out: Path, *, rl_curves: list[dict] | None = None) -> Path:
+    """Write the report page to ``out`` and return it.
+
+    When ``rl_curves`` is None and ``report["rl"]["curves_path"]`` names a file next to ``out``
+    (as certify lays them out), the curves are read from there.
+    """
+    out = Path(out)
+    if rl_curves is None:
+        rl_curves = load_rl_curves(out.parent, report)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_html(report, rl_curves=rl_curves), "utf-8")
+    return out
+
+
+def load_rl_curves(report_dir: Path, report: dict) -> list[dict] | None:
+    """The RL smoke run's per-step rows (``rl.jsonl``) when report.json points at them."""
+    rl = report.get("rl")
+    if not isinstance(rl, dict) or not rl.get("curves_path"):
+        return None
+    path = Path(report_dir) / str(rl["curves_path"])
+    if not path.is_file():
+        return None
+    rows = []
+    for line in path.read_text("utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a run killed mid-write leaves a torn last line; the rest is still good
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def verdict_banner(report: dict) -> Markup:
+    verdict = str(report.get("verdict"))
+    cls, word = VERDICTS.get(verdict, ("warn", verdict.upper()))
+    statuses = Counter(c.get("status") for c in report["checks"])
+    failed = statuses["fail"] + statuses["error"]
+    detail = f"{statuses['pass']} of {len(report['checks'])} checks passed"
+    if failed:
+        detail += f", {failed} failed"
+    if report.get("reason"):
+        detail += f" — {report['reason']}"
+    profile = (report.get("profile") or {}).get("name", "?")
+    return tag(
+        "header",
+        join(
+            [
+                tag("div", word, cls="verdict-word"),
+                tag("div", join([tag("b", f"profile {profile}"), " · ", detail]), cls="why"),
+            ]
+        ),
+        cls=f"verdict {cls}",
+        id="verdict",
+    )
+
+
+def run_table(report: dict) -> Markup:
+    """Fingerprint, stack, profile, seed and the command that replays the run."""
+    stack = report["stack"]
+    model = stack.get("model") or {}
+    profile = report.get("profile") or {}
+    rows: list[tuple[str, object]] = [
+        ("fingerprint", tag("code", stack.get("fingerprint", "—"))),
+        ("engine", f"{stack.get('engine', '—')} ({stack.get('engine_dtype', '—')})"),
+        ("backend", f"{stack.get('backend', '—')} ({stack.get('backend_dtype', '—')})"),
+        (
+            "model",
+            f"{model.get('path', '—')}  "
+            f"[{model.get('arch', '?')}, vocab {model.get('vocab_size', '?')}]",
+        ),
+        ("model sha256", tag("code", model.get("sha256", "—"))),
+        ("versions", _pairs(stack.get("versions"))),
+        ("device", _pairs(stack.get("device"))),
+        ("environment", _pairs(stack.get("env")) or "—"),
+        ("profile", f"{profile.get('name', '—')}  {profile.get('source') or ''}"),
+        ("thresholds", _pairs(profile.get("thresholds"))),
+        ("seed · examples", f"{report.get('seed', '—')} · {report.get('examples', '—')}"),
+    ]
+    for key in ("engine_info", "backend_info"):
+        if stack.get(key):
+            rows.append((key.replace("_", " "), _pairs(stack[key])))
+    return join(
+        [
+            tag("section", table(["", ""], rows, cls="kv"), cls="run"),
+            tag("h3", "Reproduce"),
+            code_block(str(report.get("command") or "—")),
+        ]
+    )
+
+
+def suite_overview(grouped: dict[str, list[dict]]) -> Markup:
+    rows = []
+    for name, checks in grouped.items():
+        counts = Counter(c.get("status") for c in checks)
+        mark = _mark("fail" if counts["fail"] or counts["error"] else "pass")
+        link = Markup(f'<a href="#suite-{esc(_anchor(name))}">{esc(name)}</a>')
+        rows.append(
+            [
+                link,
+                mark,
+                len(checks),
+                counts["pass"],
+                counts["fail"],
+                counts["error"],
+                counts["skip"],
+            ]
+        )
+    return join(
+        [
+            tag("h2", "Suites"),
+            table(["suite", "", "checks", "pass", "fail", "error", "skip"], rows, cls="overview"),
+        ]
+    )
+
+
+def suite_section(name: str, checks: list[dict]) -> Markup:
+    parts: list[object] = [tag("h2", name), metric_table(checks)]
+    failing = [c for c in checks if c.get("status") in ("fail", "error")]
+    if failing:
+        parts.append(tag("h3", f"Failing cases ({len(failing)})"))
+        parts += [failing_case(c) for c in failing[:MAX_DETAILED_FAILURES]]
+        if len(failing) > MAX_DETAILED_FAILURES:
+            parts.append(
+                _listing(
+                    f"{len(failing) - MAX_DETAILED_FAILURES} more failing checks",
+                    failing[MAX_DETAILED_FAILURES:],
+                )
+            )
+    others = [c for c in checks if c.get("status") not in ("fail", "error")]
+    if others:
+        parts.append(_listing(f"{len(others)} passing or skipped checks", others))
+    samples = pool_samples([c["samples"] for c in checks if isinstance(c.get("samples"), dict)])
+    if len(samples):
+        parts.append(tag("div", join(plots.token_plots(samples)), cls="charts"))
+    return tag("section", join(parts), cls="suite", id=f"suite-{_anchor(name)}")
+
+
+def metric_table(checks: list[dict]) -> Markup:
+    """Per metric: its bound, the threshold, the worst measured value and a pass/fail mark."""
+    thresholds: dict[str, object] = {}
+    for check in checks:
+        for metric, value in (check.get("thresholds") or {}).items():
+            thresholds.setdefault(metric, value)
+    violated = Counter(
+        v.get("metric") for c in checks for v in (c.get("violations") or []) if isinstance(v, dict)
+    )
+    worst = worst_metrics(checks)
+    # thresholded metrics first, in the profile's order; unthresholded ones are informational
+    names = list(thresholds) + [m for m in worst if m not in thresholds]
+    rows = []
+    for metric in names:
+        bound = thresholds.get(metric)
+        sign = "≥" if is_lower_bound(metric) else "≤"
+        if bound is None:
+            mark: object = ""
+        elif violated[metric]:
+            mark = _mark("fail", f"✘ {violated[metric]} of {len(checks)}")
+        else:
+            mark = _mark("pass")
+        rows.append(
+            [
+                tag("code", metric),
+                "" if bound is None else f"{sign} {as_text(bound)}",
+                worst.get(metric),
+                mark,
+            ]
+        )
+    return table(["metric", "threshold", "worst measured", ""], rows, cls="metrics")
+
+
+def failing_case(check: dict) -> Markup:
+    """One failing check: its message, violations and Hypothesis-minimal reproducer."""
+    parts: list[object] = [
+        tag(
+            "div",
+            join([_mark(check.get("status", "fail")), " ", tag("code", check.get("name", "?"))]),
+            cls="case-title",
+        ),
+        tag("p", check.get("message") or "", cls="msg"),
+    ]
+    violations = [v for v in check.get("violations") or [] if isinstance(v, dict)]
+    if violations:
+        parts.append(
+            table(
+                ["violated metric", "measured", "bound"],
+                [
+                    [
+                        tag("code", v.get("metric")),
+                        v.get("value"),
+                        f"{'≥' if v.get('bound') == 'min' else '≤'} {as_text(v.get('threshold'))}",
+                    ]
+                    for v in violations
+                ],
+                cls="violations",
+            )
+        )
+    case = check.get("worst_case")
+    if isinstance(case, dict):
+        parts.append(reproducer(case))
+    return tag("div", join(parts), cls="case")
+
+
+def reproducer(case: dict) -> Markup:
+    rows: list[tuple[str, object]] = []
+    for k, ids in enumerate(case.get("prompt_ids") or []):
+        ids = list(ids) if isinstance(ids, list) else [ids]
+        shown = ", ".join(str(i) for i in ids[:MAX_PROMPT_IDS])
+        more = f", … ({len(ids) - MAX_PROMPT_IDS} more)" if len(ids) > MAX_PROMPT_IDS else ""
+        rows.append((f"prompt {k}", tag("code", f"[{shown}{more}]")))
+    for key in ("batch_shape", "sampling"):
+        if case.get(key) is not None:
+            rows.append((key.replace("_", " "), _pairs(case[key])))
+    extra = {
+        k: v
+        for k, v in case.items()
+        if k not in ("prompt_ids", "batch_shape", "sampling", "replay")
+    }
+    if extra:
+        rows.append(("other", _pairs(extra)))
+    parts: list[object] = [table(["minimal case", ""], rows, cls="kv")]
+    if case.get("replay"):
+        parts += [tag("div", "replay:", cls="sub"), code_block(str(case["replay"]))]
+    return join(parts)
+
+
+def rl_section(summary: dict, curves: list[dict]) -> Markup:
+    """The RL smoke run: summary, detector verdicts, and curves with alarm/collapse steps."""
+    markers: list[tuple[float, str, str]] = []
+    rows = []
+    for key, label, cls in (
+        ("mismatch_alarm", "alarm", "alarm"),
+        ("collapse", "collapse", "collapse"),
+    ):
+        det = summary.get(key)
+        if isinstance(det, dict):
+            fired = bool(det.get("fired"))
+            rows.append(
+                [
+                    key.replace("_", " "),
+                    _mark("fail" if fired else "pass", "fired" if fired else "quiet"),
+                    det.get("step"),
+                    det.get("reason") or "",
+                ]
+            )
+            if fired and isinstance(det.get("step"), int | float):
+                markers.append((float(det["step"]), f"{label} @ {det['step']}", cls))
+    scalars = {
+        k: v for k, v in summary.items() if not isinstance(v, dict | list) and k != "curves_path"
+    }
+    parts: list[object] = [tag("h2", "RL smoke run")]
+    if rows:
+        parts.append(table(["detector", "", "step", "reason"], rows, cls="metrics"))
+    if scalars:
+        parts.append(table(["", ""], list(scalars.items()), cls="kv"))
+    if curves:
+        parts.append(tag("div", join(plots.rl_plots(curves, markers)), cls="charts"))
+    return tag("section", join(parts), cls="suite", id="rl")
+
+
+def _listing(title: str, checks: list[dict]) -> Markup:
+    rows = [
+        [
+            _mark(c.get("status", "?")),
+            tag("code", c.get("name", "?")),
+            c.get("message") or "",
+            c.get("examples_run"),
+        ]
+        for c in checks[:MAX_LISTED_CHECKS]
+    ]
+    if len(checks) > MAX_LISTED_CHECKS:
+        rows.append(["", f"… {len(checks) - MAX_LISTED_CHECKS} more in report.json", "", ""])
+    return tag(
+        "details",
+        join(
+            [
+                tag("summary", title),
+                table(["", "check", "message", "examples"], rows, cls="listing"),
+            ]
+        ),
+    )
+
+
+def _mark(status: str, text: str | None = None) -> Markup:
+    cls = "pass" if status == "pass" else "skip" if status == "skip" else "fail"
+    return tag("span", text or STATUS_MARK.get(status, status), cls=f"mark {cls}")
+
+
+def _pairs(mapping: object) -> Markup | str:
+    """``key value`` pairs on one wrapped line; values that are objects shown as JSON."""
+    if not isinstance(mapping, dict) or not mapping:
+        return as_text(mapping) if mapping else ""
+    return join(
+        tag("span", join([tag("span", k, cls="k"), " ", v]), cls="pair") for k, v in mapping.items()
+    )
+
+
+def _anchor(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in name)

@@ -1,0 +1,156 @@
+"""Inline SVG charts as strings: a frame with nice ticks, and the few marks the report draws.
+
+Styling lives in report.css (classes ``ax``, ``grid``, ``pt``, ``ref``, ``bar``, ``ln``, ...);
+every text that reaches the SVG goes through ``esc``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from conformance.report.html import esc
+
+WIDTH, HEIGHT = 300, 220
+MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 50, 10, 26, 46
+
+
+def fmt(v: float) -> str:
+    """Compact tick label: 3 significant digits, no trailing zeros."""
+    if v == 0:
+        return "0"
+    return f"{v:.3g}".replace("e-0", "e-").replace("e+0", "e")
+
+
+def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
+    """Round tick values (1, 2, 5 × 10^k steps) covering ``[lo, hi]``."""
+    if hi <= lo:
+        return [lo]
+    raw = (hi - lo) / count
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    first = math.ceil(lo / step - 1e-9) * step
+    ticks = []
+    k = 0
+    while first + k * step <= hi + step * 1e-9:
+        ticks.append(round(first + k * step, 12))
+        k += 1
+    return ticks
+
+
+def padded(lo: float, hi: float) -> tuple[float, float]:
+    """A data range with 4 % headroom, widened around a single value."""
+    if hi == lo:
+        span = abs(lo) * 0.1 or 1.0
+        return lo - span, hi + span
+    pad = (hi - lo) * 0.04
+    return lo - pad, hi + pad
+
+
+@dataclass
+class Frame:
+    """Axes mapping data coordinates to a ``WIDTH × HEIGHT`` SVG, with marks added in order."""
+
+    title: str
+    x_range: tuple[float, float]
+    y_range: tuple[float, float]
+    x_label: str = ""
+    y_label: str = ""
+    marks: list[str] = field(default_factory=list)
+
+    def x(self, v: float) -> float:
+        lo, hi = self.x_range
+        return MARGIN_LEFT + (v - lo) / (hi - lo) * (WIDTH - MARGIN_LEFT - MARGIN_RIGHT)
+
+    def y(self, v: float) -> float:
+        lo, hi = self.y_range
+        return HEIGHT - MARGIN_BOTTOM - (v - lo) / (hi - lo) * (HEIGHT - MARGIN_TOP - MARGIN_BOTTOM)
+
+    def points(self, xs: Sequence[float], ys: Sequence[float], cls: str = "pt") -> None:
+        # one path of zero-length round-capped segments: a tenth of the bytes of <circle>s
+        d = "".join(f"M{self.x(a):.1f} {self.y(b):.1f}h0" for a, b in zip(xs, ys, strict=True))
+        self.marks.append(f'<path class="{cls}" d="{d}"/>')
+
+    def polyline(self, xs: Sequence[float], ys: Sequence[float], cls: str = "ln") -> None:
+        pts = " ".join(f"{self.x(a):.1f},{self.y(b):.1f}" for a, b in zip(xs, ys, strict=True))
+        self.marks.append(f'<polyline class="{cls}" points="{pts}"/>')
+
+    def segment(self, x0: float, y0: float, x1: float, y1: float, cls: str = "ref") -> None:
+        self.marks.append(
+            f'<line class="{cls}" x1="{self.x(x0):.1f}" y1="{self.y(y0):.1f}" '
+            f'x2="{self.x(x1):.1f}" y2="{self.y(y1):.1f}"/>'
+        )
+
+    def rect(self, x0: float, x1: float, y0: float, y1: float, cls: str = "bar") -> None:
+        left, right = sorted((self.x(x0), self.x(x1)))
+        top, bottom = sorted((self.y(y0), self.y(y1)))
+        self.marks.append(
+            f'<rect class="{cls}" x="{left:.1f}" y="{top:.1f}" '
+            f'width="{max(right - left, 0.8):.1f}" height="{max(bottom - top, 0.8):.1f}"/>'
+        )
+
+    def vline(self, v: float, label: str, cls: str) -> None:
+        """A full-height marker at x = v with a label at its top (RL alarm/collapse steps)."""
+        lo, hi = self.y_range
+        self.segment(v, lo, v, hi, cls)
+        self.marks.append(
+            f'<text class="mk {cls}" x="{self.x(v) + 3:.1f}" y="{MARGIN_TOP + 10}">'
+            f"{esc(label)}</text>"
+        )
+
+    def note(self, text: str) -> None:
+        """Annotation in the top-left corner of the plot area (Fig. 3 puts the PCC there)."""
+        self.marks.append(
+            f'<text class="note" x="{MARGIN_LEFT + 6}" y="{MARGIN_TOP + 14}">{esc(text)}</text>'
+        )
+
+    def legend(self, items: Sequence[tuple[str, str]]) -> None:
+        """(label, line class) entries in the top-right corner of the plot area."""
+        right = WIDTH - MARGIN_RIGHT - 8
+        for k, (label, cls) in enumerate(items):
+            y = MARGIN_TOP + 10 + 13 * k
+            self.marks.append(
+                f'<line class="{cls}" x1="{right - 16}" y1="{y - 3}" x2="{right}" y2="{y - 3}"/>'
+                f'<text class="note" x="{right - 20}" y="{y}" text-anchor="end">{esc(label)}</text>'
+            )
+
+    def render(self, x_ticks: Sequence[tuple[float, str]] | None = None) -> str:
+        """The whole ``<svg>``; ``x_ticks`` replaces numeric x ticks with (value, label) pairs."""
+        x_ticks = x_ticks or [(t, fmt(t)) for t in nice_ticks(*self.x_range)]
+        y_ticks = [(t, fmt(t)) for t in nice_ticks(*self.y_range)]
+        bottom, left = HEIGHT - MARGIN_BOTTOM, MARGIN_LEFT
+        parts = [
+            f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" '
+            f'role="img" aria-label="{esc(self.title)}"><title>{esc(self.title)}</title>',
+            f'<text class="ttl" x="{left}" y="14">{esc(self.title)}</text>',
+        ]
+        for v, label in y_ticks:
+            y = self.y(v)
+            parts.append(
+                f'<line class="grid" x1="{left}" y1="{y:.1f}" x2="{WIDTH - MARGIN_RIGHT}" '
+                f'y2="{y:.1f}"/><text class="tk" x="{left - 4}" y="{y + 3:.1f}" '
+                f'text-anchor="end">{esc(label)}</text>'
+            )
+        for v, label in x_ticks:
+            x = self.x(v)
+            parts.append(
+                f'<line class="ax" x1="{x:.1f}" y1="{bottom}" x2="{x:.1f}" y2="{bottom + 4}"/>'
+                f'<text class="tk" x="{x:.1f}" y="{bottom + 14}" text-anchor="middle">'
+                f"{_lines(label, x)}</text>"
+            )
+        parts.append(f'<path class="ax" d="M{left} {MARGIN_TOP}V{bottom}H{WIDTH - MARGIN_RIGHT}"/>')
+        parts.extend(self.marks)
+        parts.append(
+            f'<text class="lbl" x="{(left + WIDTH - MARGIN_RIGHT) / 2:.0f}" y="{HEIGHT - 6}" '
+            f'text-anchor="middle">{esc(self.x_label)}</text>'
+            f'<text class="lbl" transform="translate(12 {(MARGIN_TOP + bottom) / 2:.0f}) '
+            f'rotate(-90)" text-anchor="middle">{esc(self.y_label)}</text></svg>'
+        )
+        return "".join(parts)
+
+
+def _lines(label: str, x: float) -> str:
+    """A tick label; each ``\n`` starts a new line below."""
+    first, *rest = label.split("\n")
+    return esc(first) + "".join(f'<tspan x="{x:.1f}" dy="11">{esc(line)}</tspan>' for line in rest)
