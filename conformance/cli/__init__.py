@@ -19,6 +19,8 @@ SUBCOMMANDS = (
     "conformance.cli.certify",
     "conformance.cli.make_model",
     "conformance.cli.floor",
+    "conformance.cli.report",
+    "conformance.cli.gate",
 )
 
 EPILOG = """examples:

@@ -1,0 +1,142 @@
+"""certificate.json: a small, storable record of which stack was certified against which profile.
+
+A long RL run keeps the certificate; a later run compares its own stack against it
+(``tim-conformance certify --check certificate.json``) to learn whether it still runs the
+certified stack — same engine, backend, dtypes, model hash, versions, device and numerics env.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from conformance import __version__
+from conformance.errors import UsageError
+from conformance.report.schema import suites, validate_report, worst_metrics
+
+CERTIFICATE_SCHEMA = 1
+
+#: stack fields that identify a checkout or a process rather than the numerics: a model moved
+#: to another folder is the same model (its sha256 says so); a server's port is not a property
+#: of the stack. The fingerprint itself is recomputed from the rest, so it is compared via them.
+VOLATILE = (
+    ("fingerprint",),
+    ("model", "path"),
+    ("engine_info", "pid"),
+    ("engine_info", "port"),
+    ("engine_info", "url"),
+    ("backend_info", "pid"),
+)
+
+
+@dataclass(frozen=True)
+class CertificateCheck:
+    """Result of comparing a stack against a certificate."""
+
+    matches: bool
+    #: (dotted field, certified value, current value) for every field that differs
+    differences: list[tuple[str, object, object]] = field(default_factory=list)
+
+
+def stable_stack(stack: dict) -> dict:
+    """``stack`` without the ``VOLATILE`` fields (a deep copy; the input is left alone)."""
+    stable = json.loads(json.dumps(stack))
+    for path in VOLATILE:
+        node = stable
+        for key in path[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(path[-1], None)
+    return stable
+
+
+def build_certificate(report: dict, report_sha256: str) -> dict:
+    """The certificate for a validated report whose bytes hash to ``report_sha256``."""
+    profile = report.get("profile") or {}
+    return {
+        "certificate_schema": CERTIFICATE_SCHEMA,
+        "verdict": report.get("verdict"),
+        "certified": report.get("verdict") == "pass",
+        "fingerprint": report["stack"].get("fingerprint"),
+        "stack": stable_stack(report["stack"]),
+        "profile": {"name": profile.get("name"), "thresholds": profile.get("thresholds")},
+        "seed": report.get("seed"),
+        "examples": report.get("examples"),
+        "created": report.get("created"),
+        "command": report.get("command"),
+        "metrics": {name: worst_metrics(checks) for name, checks in suites(report).items()},
+        "report_sha256": report_sha256,
+        "tim_conformance": __version__,
+    }
+
+
+def write_certificate(report_path: Path, out: Path) -> dict:
+    """Write ``out`` (certificate.json) for the report at ``report_path``; return its content."""
+    report_path = Path(report_path)
+    try:
+        data = report_path.read_bytes()
+    except OSError as exc:
+        raise UsageError(
+            f"cannot read {report_path}: {exc.strerror}", "pass a report.json"
+        ) from None
+    try:
+        report = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UsageError(
+            f"{report_path} is not JSON", "pass the report.json certify wrote"
+        ) from None
+    validate_report(report, str(report_path))
+    certificate = build_certificate(report, hashlib.sha256(data).hexdigest())
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(certificate, indent=2, sort_keys=True) + "\n", "utf-8")
+    return certificate
+
+
+def load_certificate(cert_path: Path) -> dict:
+    """Read a certificate.json; a missing or malformed one is a one-line UsageError."""
+    cert_path = Path(cert_path)
+    try:
+        certificate = json.loads(cert_path.read_text("utf-8"))
+    except FileNotFoundError:
+        raise UsageError(
+            f"no certificate at {cert_path}", "pass the certificate.json certify wrote"
+        ) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(
+            f"cannot read certificate {cert_path}: {exc}", "pass a certificate.json"
+        ) from None
+    if (
+        not isinstance(certificate, dict)
+        or certificate.get("certificate_schema") != CERTIFICATE_SCHEMA
+        or not isinstance(certificate.get("stack"), dict)
+    ):
+        raise UsageError(
+            f"{cert_path} is not a tim-conformance certificate",
+            "pass the certificate.json certify wrote",
+        )
+    return certificate
+
+
+def check_certificate(cert_path: Path, stack: dict) -> CertificateCheck:
+    """Compare the current ``stack`` (report.json's shape) with the certified one."""
+    certified = _flatten(load_certificate(cert_path)["stack"])
+    current = _flatten(stable_stack(stack))
+    differences = [
+        (key, certified.get(key), current.get(key))
+        for key in sorted(certified.keys() | current.keys())
+        if certified.get(key) != current.get(key)
+    ]
+    return CertificateCheck(matches=not differences, differences=differences)
+
+
+def _flatten(node: object, prefix: str = "") -> dict[str, object]:
+    """Nested dicts as ``{"a.b.c": leaf}``; lists and scalars are leaves."""
+    if not isinstance(node, dict):
+        return {prefix: node}
+    flat: dict[str, object] = {}
+    for key, value in node.items():
+        flat.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat

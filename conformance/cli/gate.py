@@ -1,0 +1,58 @@
+"""``tim-conformance gate BASELINE.json CANDIDATE.json``: the parity gate for stack changes.
+
+Exit 0 when the candidate is within the profile and no metric regressed beyond its factor,
+1 when it is not, 2 when the reports cannot be compared (or the input is bad).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from conformance.gate import DEFAULT_FACTOR, compare, parse_factors, ratio_note, write_gate_html
+from conformance.report import load_report
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "gate",
+        help="compare a candidate report.json against a baseline (exit 0 pass, 1 fail, 2 n/a)",
+        description="Compare two report.json files made on the same suites, model, seed and "
+        "example count. Fails (exit 1) when the candidate breaks the profile or any metric "
+        "regressed beyond its allowed factor; exit 2 when the two are not comparable.",
+    )
+    parser.add_argument("baseline", type=Path, help="report.json of the accepted stack")
+    parser.add_argument("candidate", type=Path, help="report.json of the changed stack")
+    parser.add_argument(
+        "--profile",
+        help="hold the candidate to this profile (name or TOML path) instead of its own",
+    )
+    parser.add_argument(
+        "--max-regression",
+        action="append",
+        default=[],
+        metavar="METRIC=FACTOR",
+        help=f"allowed growth of a metric's distance from ideal (default ×{DEFAULT_FACTOR:g}); "
+        "repeatable",
+    )
+    parser.add_argument("--html", type=Path, metavar="OUT", help="also write an HTML diff report")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    factors = parse_factors(args.max_regression)
+    result = compare(
+        load_report(args.baseline),
+        load_report(args.candidate),
+        profile=args.profile,
+        max_regression=factors,
+    )
+    if result.rows:
+        print(result.text_table())
+        print(ratio_note(result.floor))
+    for line in result.violations:
+        print(f"profile violation: {line}")
+    if args.html:
+        print(f"wrote {write_gate_html(result, args.html)}")
+    print(("gate: PASS — " if result.exit_code == 0 else "gate: FAIL — ") + result.reason)
+    return result.exit_code

@@ -1,0 +1,338 @@
+"""The parity gate: is a candidate stack (a kernel change, a new engine version) as good as the
+baseline it replaces?
+
+Two report.json files made on the same suites, model, seed and example count are compared
+suite by suite, metric by metric, on each metric's worst value over the suite's checks.
+
+A metric *regresses* when its distance from the ideal value grew beyond the allowed factor::
+
+    dev(v) = |v − ideal|        ideal = 1 for ratio-like metrics (pcc, ρ statistics,
+                                exact_match_rate, token_mult_prob_error), 0 for the rest
+    regressed  ⇔  dev(candidate) > factor × max(dev(baseline), floor)
+
+The absolute floor keeps ratios of rounding noise out of the verdict: an fp32 stack measures
+|Δlp| around 1e-7, and 3e-7 after a harmless change is not a 3× regression. Measuring the
+distance from the ideal makes "higher is better" metrics (pcc 0.99999 → 0.999) regress by the
+growth of their shortfall, the same rule as for "lower is better" ones.
+
+Exit codes: 0 within profile and no regression, 1 otherwise, 2 not comparable.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conformance.errors import UsageError
+from conformance.report.html import as_text, code_block, join, page, table, tag
+from conformance.report.schema import suites, validate_report, worst_metrics
+
+DEFAULT_FACTOR = 2.0
+DEFAULT_FLOOR = 1e-6
+#: metrics whose perfect value is 1; every other metric's perfect value is 0
+IDEAL_ONE = frozenset(
+    {"pcc", "exact_match_rate", "rho_mean", "rho_max", "rho_min", "token_mult_prob_error"}
+)
+
+OK, REGRESSED, NOT_COMPARABLE = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    """One line of the gate table: a metric's worst value in one suite, before and after."""
+
+    suite: str
+    metric: str
+    baseline: float | None
+    candidate: float | None
+    #: dev(candidate) / max(dev(baseline), floor); None when a side is missing or NaN
+    ratio: float | None
+    factor: float
+    regressed: bool
+    #: the baseline was at or below the floor, so the ratio is taken against the floor
+    floored: bool = False
+
+    @property
+    def verdict(self) -> str:
+        if self.regressed:
+            return "REGRESSED"
+        if self.baseline is None or self.candidate is None:
+            return "only in " + ("candidate" if self.baseline is None else "baseline")
+        return "ok"
+
+
+@dataclass(frozen=True)
+class GateResult:
+    exit_code: int
+    #: one line: why the gate passed, failed, or could not compare
+    reason: str
+    rows: list[MetricRow] = field(default_factory=list)
+    #: the candidate's profile violations, one line each
+    violations: list[str] = field(default_factory=list)
+    profile: str | None = None
+    floor: float = DEFAULT_FLOOR
+    baseline_command: str | None = None
+    candidate_command: str | None = None
+
+    def text_table(self) -> str:
+        """The table metric by metric, as printed by ``tim-conformance gate``."""
+        header = ("suite", "metric", "baseline", "candidate", "ratio", "allowed", "verdict")
+        lines = [header] + [
+            (
+                r.suite,
+                r.metric,
+                _num(r.baseline),
+                _num(r.candidate),
+                _ratio(r),
+                f"×{r.factor:g}",
+                r.verdict,
+            )
+            for r in self.rows
+        ]
+        widths = [max(len(line[k]) for line in lines) for k in range(len(header))]
+        out = [
+            "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)) for line in lines
+        ]
+        out.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(line.rstrip() for line in out)
+
+
+def deviation(metric: str, value: float) -> float:
+    """Distance of ``value`` from the metric's ideal (1 for ``IDEAL_ONE`` metrics, else 0)."""
+    return abs(value - (1.0 if metric in IDEAL_ONE else 0.0))
+
+
+def compare(
+    baseline: dict,
+    candidate: dict,
+    *,
+    profile: Any = None,
+    max_regression: dict[str, float] | None = None,
+    floor: float = DEFAULT_FLOOR,
+) -> GateResult:
+    """Gate ``candidate`` against ``baseline`` (report.json dicts).
+
+    ``profile``: a profile name, path or loaded Profile to hold the candidate to; by default
+    the candidate's own thresholds (its checks' recorded violations) are used.
+    ``max_regression``: allowed factor per metric name; others get ``DEFAULT_FACTOR``.
+    """
+    validate_report(baseline, "baseline")
+    validate_report(candidate, "candidate")
+    factors = dict(max_regression or {})
+    _validate_factors(factors, baseline, candidate)
+    commands = {
+        "baseline_command": baseline.get("command"),
+        "candidate_command": candidate.get("command"),
+    }
+    why_not = not_comparable(baseline, candidate)
+    if why_not:
+        return GateResult(NOT_COMPARABLE, f"not comparable: {why_not}", floor=floor, **commands)
+
+    rows = regression_rows(baseline, candidate, factors, floor)
+    profile_name, violations = profile_violations(candidate, profile)
+    regressed = [r for r in rows if r.regressed]
+    problems = []
+    if violations:
+        problems.append(f"{len(violations)} profile violation(s) under {profile_name}")
+    if regressed:
+        names = ", ".join(f"{r.suite}/{r.metric} ×{_ratio(r).lstrip('×')}" for r in regressed[:4])
+        more = f" and {len(regressed) - 4} more" if len(regressed) > 4 else ""
+        problems.append(f"{len(regressed)} metric(s) regressed: {names}{more}")
+    reason = "; ".join(problems) or (
+        f"candidate within profile {profile_name} and no metric regressed beyond its factor"
+    )
+    return GateResult(
+        REGRESSED if problems else OK,
+        reason,
+        rows,
+        violations,
+        profile_name,
+        floor,
+        **commands,
+    )
+
+
+def not_comparable(baseline: dict, candidate: dict) -> str | None:
+    """Why the two reports cannot be compared (one line), or None when they can."""
+    for name, report in (("baseline", baseline), ("candidate", candidate)):
+        if report.get("verdict") == "incomplete":
+            return f"the {name} run is incomplete ({report.get('reason') or 'no reason given'})"
+    b_checks, c_checks = _check_ids(baseline), _check_ids(candidate)
+    if b_checks != c_checks:
+        only_b, only_c = sorted(b_checks - c_checks), sorted(c_checks - b_checks)
+        parts = []
+        if only_b:
+            parts.append(f"only the baseline ran {_few(only_b)}")
+        if only_c:
+            parts.append(f"only the candidate ran {_few(only_c)}")
+        return "different checks: " + "; ".join(parts)
+    b_model = (baseline["stack"].get("model") or {}).get("sha256")
+    c_model = (candidate["stack"].get("model") or {}).get("sha256")
+    if b_model != c_model:
+        return f"different models (sha256 {str(b_model)[:12]}… vs {str(c_model)[:12]}…)"
+    for key in ("seed", "examples"):
+        if baseline.get(key) != candidate.get(key):
+            b, c = baseline.get(key), candidate.get(key)
+            return f"different {key} ({b} vs {c}); rerun both with the same --{key}"
+    return None
+
+
+def regression_rows(
+    baseline: dict, candidate: dict, factors: dict[str, float], floor: float
+) -> list[MetricRow]:
+    rows = []
+    b_suites, c_suites = suites(baseline), suites(candidate)
+    for suite, b_checks in b_suites.items():
+        b_worst, c_worst = worst_metrics(b_checks), worst_metrics(c_suites.get(suite, []))
+        for metric in sorted(b_worst.keys() | c_worst.keys()):
+            factor = factors.get(metric, DEFAULT_FACTOR)
+            b, c = b_worst.get(metric), c_worst.get(metric)
+            if b is None or c is None:
+                rows.append(MetricRow(suite, metric, b, c, None, factor, False))
+                continue
+            ref = max(deviation(metric, b), floor) if not math.isnan(b) else math.nan
+            dev_c = deviation(metric, c)
+            ratio = dev_c / ref if not (math.isnan(ref) or math.isnan(dev_c)) else None
+            # a NaN in the candidate means the measurement broke: always a regression
+            regressed = math.isnan(c) or (ratio is not None and ratio > factor)
+            floored = not math.isnan(b) and deviation(metric, b) < floor
+            rows.append(MetricRow(suite, metric, b, c, ratio, factor, regressed, floored))
+    return rows
+
+
+def profile_violations(candidate: dict, profile: Any) -> tuple[str, list[str]]:
+    """The profile's name and one line per violation of it by the candidate's checks."""
+    lines = []
+    if profile is None:
+        name = (candidate.get("profile") or {}).get("name") or "of the candidate"
+        for check in candidate["checks"]:
+            if check.get("status") == "error":
+                lines.append(f"{check.get('name')}: error: {check.get('message') or ''}".rstrip())
+            for v in check.get("violations") or []:
+                lines.append(
+                    _violation_line(check, v.get("metric"), v.get("value"), v.get("threshold"))
+                )
+        return name, lines
+    if isinstance(profile, str | Path):
+        from conformance.profiles import load_profile
+
+        profile = load_profile(profile)
+    for check in candidate["checks"]:
+        for v in profile.check(check.get("metrics") or {}):
+            lines.append(_violation_line(check, v.metric, v.value, v.threshold))
+    return profile.name, lines
+
+
+def write_gate_html(result: GateResult, out: Path) -> Path:
+    """The gate's verdict and table as a self-contained HTML diff report."""
+    word, cls = {
+        OK: ("GATE PASSED", "ok"),
+        REGRESSED: ("GATE FAILED", "bad"),
+        NOT_COMPARABLE: ("NOT COMPARABLE", "warn"),
+    }[result.exit_code]
+    body: list[object] = [
+        tag(
+            "header",
+            join([tag("div", word, cls="verdict-word"), tag("div", result.reason, cls="why")]),
+            cls=f"verdict {cls}",
+            id="verdict",
+        ),
+        tag("h3", "Baseline"),
+        code_block(result.baseline_command or "—"),
+        tag("h3", "Candidate"),
+        code_block(result.candidate_command or "—"),
+    ]
+    if result.rows:
+        rows = [
+            [
+                r.suite,
+                tag("code", r.metric),
+                tag("span", _num(r.baseline), cls="num"),
+                tag("span", _num(r.candidate), cls="num"),
+                _ratio(r),
+                f"×{r.factor:g}",
+                tag("span", r.verdict, cls="mark " + ("fail" if r.regressed else "pass")),
+            ]
+            for r in result.rows
+        ]
+        body += [
+            tag("h2", "Metrics (worst per suite)"),
+            table(
+                ["suite", "metric", "baseline", "candidate", "ratio", "allowed", "verdict"],
+                rows,
+                cls="metrics gate",
+            ),
+            tag("p", ratio_note(result.floor), cls="sub"),
+        ]
+    if result.violations:
+        body += [
+            tag("h2", f"Profile violations ({result.profile})"),
+            tag("ul", join(tag("li", line) for line in result.violations)),
+        ]
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page("tim-conformance gate", tag("main", join(body))), "utf-8")
+    return out
+
+
+def ratio_note(floor: float) -> str:
+    return (
+        f"ratio = |candidate − ideal| / max(|baseline − ideal|, {floor:g}); ideal = 1 for "
+        f"{', '.join(sorted(IDEAL_ONE))}, else 0. A ratio marked * is taken against the floor "
+        "because the baseline was below it."
+    )
+
+
+def parse_factors(specs: list[str]) -> dict[str, float]:
+    """``["abs_diff_max=3", ...]`` → ``{"abs_diff_max": 3.0}`` (the --max-regression values)."""
+    factors = {}
+    for spec in specs:
+        metric, _, value = (part.strip() for part in spec.partition("="))
+        try:
+            factors[metric] = float(value)
+        except ValueError:
+            raise UsageError(
+                f"--max-regression {spec!r} is not METRIC=FACTOR", "write e.g. abs_diff_max=3"
+            ) from None
+        if not metric:
+            raise UsageError(
+                f"--max-regression {spec!r} names no metric", "write e.g. abs_diff_max=3"
+            )
+    return factors
+
+
+def _validate_factors(factors: dict[str, float], *reports: dict) -> None:
+    known = {m for r in reports for c in r["checks"] for m in (c.get("metrics") or {})}
+    for metric, factor in factors.items():
+        if metric not in known:
+            raise UsageError(
+                f"--max-regression names unknown metric {metric!r}",
+                f"use one of: {', '.join(sorted(known)) or '(the reports have no metrics)'}",
+            )
+        if not (math.isfinite(factor) and factor >= 1):
+            raise UsageError(f"--max-regression {metric}={factor:g}", "use a finite factor >= 1")
+
+
+def _check_ids(report: dict) -> set[str]:
+    return {str(c.get("nodeid") or f"{c['suite']}::{c.get('name')}") for c in report["checks"]}
+
+
+def _few(items: list[str]) -> str:
+    return ", ".join(items[:3]) + (f" (+{len(items) - 3} more)" if len(items) > 3 else "")
+
+
+def _violation_line(check: dict, metric: object, value: object, threshold: object) -> str:
+    where = f"{check.get('suite')}/{check.get('name')}"
+    return f"{where}: {metric} = {as_text(value)} vs {as_text(threshold)}"
+
+
+def _num(v: float | None) -> str:
+    return "—" if v is None else f"{v:.6g}"
+
+
+def _ratio(row: MetricRow) -> str:
+    if row.ratio is None:
+        return "—"
+    return f"×{row.ratio:.3g}" + ("*" if row.floored else "")
