@@ -122,6 +122,11 @@ class Engine(ABC):
             "or choose an engine that can (hf-generate, vllm, sglang)"
         )
 
+    def knobs(self) -> dict[str, tuple[Any, ...]]:
+        """Engine options the suites may vary: option name → values to try (strings, as
+        ``EngineConfig.options`` takes them). Each value means a fresh engine."""
+        return {}
+
     def info(self) -> dict[str, Any]:
         """What identifies this engine in a stack fingerprint: versions, knobs, device."""
         return {

@@ -1,0 +1,129 @@
+"""The stack options, defined once: pytest spells them ``--tim-NAME`` (ini key ``tim_NAME``, or
+``NAME`` under ``[tool.tim-conformance]`` in pyproject.toml); the CLI spells them ``--NAME``.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from conformance.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    help: str
+    default: str | None = None
+    metavar: str = "VALUE"
+    multiple: bool = False
+
+    @property
+    def dest(self) -> str:
+        return "tim_" + self.name.replace("-", "_")
+
+
+ENGINE = Option("engine", "inference engine under test (default: hf-generate)", "hf-generate", "E")
+BACKEND = Option("backend", "training backend that recomputes logprobs (default: hf)", "hf", "B")
+MODEL = Option("model", "model folder (default: the embedded tiny model)", None, "DIR")
+ENGINE_DTYPE = Option("engine-dtype", "engine precision (default: float32)", "float32", "D")
+BACKEND_DTYPE = Option("backend-dtype", "backend precision (default: float32)", "float32", "D")
+PROFILE = Option(
+    "profile", "tolerance profile name or TOML path (default: implied by the dtypes)", None, "P"
+)
+EXAMPLES = Option("examples", "Hypothesis examples per property (default: 20)", "20", "N")
+LOGPROBS = Option(
+    "logprobs", "which logprobs the engine is asked for: raw or processed (default: raw)", "raw"
+)
+ENGINE_OPTION = Option(
+    "engine-option", "engine-specific setting, repeatable", None, "KEY=VALUE", multiple=True
+)
+ENGINE_URL = Option("engine-url", "attach to an engine server already running there", None, "URL")
+BACKEND_MICRO_BATCH = Option(
+    "backend-micro-batch", "backend micro-batch size (default: 8)", "8", "N"
+)
+BACKEND_ATTN = Option(
+    "backend-attn", "backend attention implementation: sdpa or eager (default: sdpa)", "sdpa"
+)
+
+STACK_OPTIONS = (
+    ENGINE,
+    BACKEND,
+    MODEL,
+    ENGINE_DTYPE,
+    BACKEND_DTYPE,
+    PROFILE,
+    EXAMPLES,
+    LOGPROBS,
+    ENGINE_OPTION,
+    ENGINE_URL,
+    BACKEND_MICRO_BATCH,
+    BACKEND_ATTN,
+)
+
+
+def add_stack_options(addoption: Callable[..., Any], *, prefix: str) -> None:
+    """Register every stack option on a pytest group or an argparse parser.
+
+    Defaults are left to :func:`resolve` so that ini files and pyproject can fill the gaps.
+    """
+    for option in STACK_OPTIONS:
+        addoption(
+            f"--{prefix}{option.name}",
+            dest=option.dest,
+            action="append" if option.multiple else "store",
+            default=None,
+            metavar=option.metavar,
+            help=option.help,
+        )
+
+
+def pyproject_table(rootdir: Path) -> dict[str, Any]:
+    """``[tool.tim-conformance]`` of ``rootdir/pyproject.toml``, or ``{}``."""
+    path = rootdir / "pyproject.toml"
+    if not path.is_file():
+        return {}
+    try:
+        table = tomllib.loads(path.read_text()).get("tool", {}).get("tim-conformance", {})
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path} is not valid TOML ({exc})", "fix the file") from exc
+    return table
+
+
+def resolve(
+    given: Mapping[str, Any], *fallbacks: Mapping[str, Any]
+) -> dict[str, str | list[str] | None]:
+    """Each option's value: the command line first, then each fallback table, then the default.
+
+    ``given`` is keyed by ``Option.dest``; fallbacks are keyed by ``Option.name`` (with ``-`` or
+    ``_``), as in ini files and pyproject tables.
+    """
+    values: dict[str, str | list[str] | None] = {}
+    for option in STACK_OPTIONS:
+        value = given.get(option.dest)
+        for table in fallbacks:
+            if value not in (None, [], ""):
+                break
+            value = table.get(option.name, table.get(option.name.replace("-", "_")))
+        if value in (None, [], ""):
+            value = option.default
+        if option.multiple:
+            value = [value] if isinstance(value, str) else list(value or [])
+        values[option.name] = value
+    return values
+
+
+def parse_key_values(pairs: list[str]) -> dict[str, str]:
+    """``["a=1", "b=x"]`` → ``{"a": "1", "b": "x"}``."""
+    parsed = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(
+                f"engine option {pair!r} is not KEY=VALUE", "write e.g. max_num_seqs=4"
+            )
+        parsed[key.strip()] = value.strip()
+    return parsed

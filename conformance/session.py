@@ -1,0 +1,300 @@
+"""One conformance session: the engine and backend (started once), the recorder that streams
+every measurement to ``results.jsonl``, and the summary written to ``report.json``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+import shlex
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conformance.backends import BACKENDS, Backend
+from conformance.engine_guard import GuardedEngine
+from conformance.engines import ENGINES
+from conformance.errors import ConformanceError, EngineCrashed
+from conformance.stack import StackSpec, fingerprint
+
+#: token-level points kept per check for the report's plots; the rest stay in results.jsonl
+MAX_SAMPLES = 2000
+
+
+@dataclass
+class CheckRecord:
+    """What one conformance test measured, pooled over its Hypothesis examples."""
+
+    suite: str
+    name: str
+    nodeid: str
+    lp_train: list[list[float]] = field(default_factory=list)
+    lp_infer: list[list[float]] = field(default_factory=list)
+    positions: list[list[int]] = field(default_factory=list)
+    extra: dict[str, float] = field(default_factory=dict)
+    worst: tuple[float, dict[str, Any], dict[str, float]] | None = None
+    failing_case: dict[str, Any] | None = None
+    failing_metrics: dict[str, float] | None = None
+    examples_run: int = 0
+
+
+class Recorder:
+    """What suites call to measure; streams each measurement as it is taken."""
+
+    def __init__(self, session: HarnessSession) -> None:
+        self._session = session
+        self.current: CheckRecord | None = None
+
+    def measure(
+        self,
+        lp_train: Sequence[Sequence[float]],
+        lp_infer: Sequence[Sequence[float]],
+        *,
+        case: dict[str, Any],
+        positions: Sequence[Sequence[int]] | None = None,
+    ) -> dict[str, float]:
+        """Record token-aligned logprob rows of one example; return its mismatch metrics."""
+        from conformance.metrics import mismatch_metrics, stack_ragged
+
+        record = self._require_check()
+        train, mask = stack_ragged([list(map(float, row)) for row in lp_train])
+        infer, _ = stack_ragged([list(map(float, row)) for row in lp_infer])
+        metrics = mismatch_metrics(train, infer, mask)
+        record.examples_run += 1
+        record.lp_train.extend([list(map(float, r)) for r in lp_train])
+        record.lp_infer.extend([list(map(float, r)) for r in lp_infer])
+        record.positions.extend(
+            [list(p) for p in positions] if positions else [list(range(len(r))) for r in lp_train]
+        )
+        severity = metrics["abs_diff_max"]
+        if record.worst is None or severity > record.worst[0]:
+            record.worst = (severity, case, metrics)
+        self._session.log(
+            event="measurement",
+            suite=record.suite,
+            nodeid=record.nodeid,
+            case=case,
+            metrics=metrics,
+        )
+        return metrics
+
+    def note(self, **values: float) -> None:
+        """Record extra per-check numbers (e.g. a simulated floor) next to the metrics."""
+        record = self._require_check()
+        record.extra.update(values)
+        self._session.log(event="note", nodeid=record.nodeid, values=values)
+
+    def check_profile(self, metrics: dict[str, float], case: dict[str, Any]) -> None:
+        """Assert the active profile; the failure names metric, value, threshold, case, replay."""
+        violations = self._session.profile.check(metrics)
+        if violations:
+            headline = "; ".join(
+                f"{v.metric} = {v.value:.3g} {'>' if v.bound == 'max' else '<'} {v.threshold:.3g}"
+                for v in violations
+            )
+            self.fail(f"{headline} (profile {self._session.profile.name})", case, metrics)
+
+    def fail(self, headline: str, case: dict[str, Any], metrics: dict[str, float]) -> None:
+        """Fail the current example with a message that carries its minimal reproducer."""
+        record = self._require_check()
+        record.failing_case, record.failing_metrics = case, metrics
+        replay = self._session.replay_command(record.nodeid)
+        raise AssertionError(
+            f"{record.suite}: {headline}\n  case: {json.dumps(case)}\n  replay: {replay}"
+        )
+
+    def _require_check(self) -> CheckRecord:
+        if self.current is None:
+            raise RuntimeError("the recorder is only usable inside a conformance test")
+        return self.current
+
+
+class HarnessSession:
+    """State of one run, kept in ``config.stash`` by the plugin and used by certify."""
+
+    def __init__(
+        self, spec: StackSpec, *, seed: int, report_dir: Path | None, command: str
+    ) -> None:
+        from conformance.profiles import load_profile
+
+        self.spec = spec
+        self.seed = seed
+        self.report_dir = report_dir
+        self.command = command
+        self.profile = load_profile(spec.profile)
+        self.recorder = Recorder(self)
+        self.checks: list[dict[str, Any]] = []
+        self.crash: str | None = None
+        self._engine: GuardedEngine | None = None
+        self._backends: dict[tuple[Any, ...], Backend] = {}
+        self._model_info: Any = None
+        self._started = dt.datetime.now(dt.UTC)
+        if report_dir is not None:
+            report_dir.mkdir(parents=True, exist_ok=True)
+            (report_dir / "results.jsonl").write_text("")
+
+    # -- the stack, started lazily and once ---------------------------------------------
+    @property
+    def model_info(self) -> Any:
+        if self._model_info is None:
+            from conformance.models import inspect_model
+
+            self._model_info = inspect_model(self.spec.model_dir())
+        return self._model_info
+
+    @property
+    def engine(self) -> GuardedEngine:
+        if self.crash is not None:
+            raise EngineCrashed(f"engine crashed earlier: {self.crash}", "see results.jsonl")
+        if self._engine is None:
+            engine_cls = ENGINES.get(self.spec.engine)
+            config = self.spec.engine_config(self.model_info.path)
+            self._engine = GuardedEngine(engine_cls(config), on_crash=self._on_crash)
+            self.log(event="engine_started", info=self._engine.info())
+        return self._engine
+
+    def backend_variant(self, **changes: Any) -> Backend:
+        """The backend, or a variant of it (e.g. another micro-batch size), built once each."""
+        key = tuple(sorted(changes.items()))
+        if key not in self._backends:
+            config = self.spec.backend_config(self.model_info.path, **changes)
+            self._backends[key] = BACKENDS.get(self.spec.backend)(config)
+        return self._backends[key]
+
+    @property
+    def backend(self) -> Backend:
+        return self.backend_variant()
+
+    def _on_crash(self, reason: str) -> None:
+        self.crash = reason
+        self.log(event="engine_crash", reason=reason)
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+        for backend in self._backends.values():
+            backend.close()
+
+    # -- recording -----------------------------------------------------------------------
+    def log(self, **event: Any) -> None:
+        if self.report_dir is None:
+            return
+        with (self.report_dir / "results.jsonl").open("a") as stream:
+            stream.write(json.dumps(event, default=str) + "\n")
+
+    @contextmanager
+    def check(self, suite: str, name: str, nodeid: str) -> Iterator[CheckRecord]:
+        record = CheckRecord(suite=suite, name=name, nodeid=nodeid)
+        self.recorder.current = record
+        try:
+            yield record
+        finally:
+            self.recorder.current = None
+
+    def finish_check(self, record: CheckRecord, status: str, message: str) -> dict[str, Any]:
+        from conformance.metrics import mismatch_metrics, stack_ragged
+
+        metrics: dict[str, float] = {}
+        if record.lp_train:
+            train, mask = stack_ragged(record.lp_train)
+            infer, _ = stack_ragged(record.lp_infer)
+            metrics = mismatch_metrics(train, infer, mask)
+        metrics.update(record.extra)
+        case = record.failing_case or (record.worst[1] if record.worst else None)
+        entry = {
+            "suite": record.suite,
+            "name": record.name,
+            "nodeid": record.nodeid,
+            "status": status,
+            "message": message,
+            "metrics": metrics,
+            "thresholds": {k: v for k, v in self.profile.thresholds.items() if k in metrics},
+            "violations": [v.__dict__ for v in self.profile.check(metrics)] if metrics else [],
+            "worst_case": {**case, "replay": self.replay_command(record.nodeid)} if case else None,
+            "worst_case_metrics": record.failing_metrics
+            or (record.worst[2] if record.worst else None),
+            "samples": _samples(record),
+            "examples_run": record.examples_run,
+        }
+        self.checks.append(entry)
+        self.log(event="check", **{k: v for k, v in entry.items() if k != "samples"})
+        return entry
+
+    def replay_command(self, nodeid: str) -> str:
+        args = ["pytest", nodeid, *self.spec.pytest_args(), f"--hypothesis-seed={self.seed}"]
+        return shlex.join(args)
+
+    # -- the summary ---------------------------------------------------------------------
+    def verdict(self) -> tuple[str, str | None]:
+        statuses = [c["status"] for c in self.checks]
+        if self.crash is not None:
+            measured = sum(1 for c in self.checks if c["metrics"])
+            return "incomplete", f"engine died mid-run: {self.crash} ({measured} checks measured)"
+        if "error" in statuses:
+            errored = [c["nodeid"] for c in self.checks if c["status"] == "error"]
+            return "incomplete", f"{len(errored)} check(s) errored: {', '.join(errored)}"
+        if "fail" in statuses:
+            return "fail", None
+        if "pass" not in statuses:
+            return "incomplete", "no check ran"
+        return "pass", None
+
+    def report(self) -> dict[str, Any]:
+        verdict, reason = self.verdict()
+        try:
+            engine_info = self._engine.info() if self._engine is not None else {}
+        except ConformanceError:
+            engine_info = {"engine": self.spec.engine}
+        backend_info = self.backend.info() if self._backends else {}
+        return {
+            "schema": 1,
+            "verdict": verdict,
+            "reason": reason,
+            "created": self._started.isoformat(timespec="seconds"),
+            "command": self.command,
+            "seed": self.seed,
+            "examples": self.spec.examples,
+            "stack": fingerprint(self.spec, self.model_info, engine_info, backend_info),
+            "profile": {
+                "name": self.profile.name,
+                "source": str(self.profile.source),
+                "thresholds": self.profile.thresholds,
+            },
+            "checks": self.checks,
+            "rl": None,
+        }
+
+    def write_report(self) -> dict[str, Any]:
+        report = self.report()
+        self.log(event="session_end", verdict=report["verdict"], reason=report["reason"])
+        if self.report_dir is not None:
+            path = self.report_dir / "report.json"
+            path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+        return report
+
+
+def new_seed() -> int:
+    return random.SystemRandom().randrange(2**32)
+
+
+def _samples(record: CheckRecord) -> dict[str, list[float]] | None:
+    """Evenly down-sample the pooled token points to at most MAX_SAMPLES, deterministically."""
+    points = [
+        (t, i, p)
+        for train, infer, pos in zip(
+            record.lp_train, record.lp_infer, record.positions, strict=True
+        )
+        for t, i, p in zip(train, infer, pos, strict=True)
+    ]
+    if not points:
+        return None
+    stride = max(1, -(-len(points) // MAX_SAMPLES))
+    kept = points[::stride]
+    return {
+        "lp_train": [p[0] for p in kept],
+        "lp_infer": [p[1] for p in kept],
+        "position": [p[2] for p in kept],
+    }

