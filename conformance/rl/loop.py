@@ -1,0 +1,244 @@
+"""The smoke run: GRPO through the real engine and backend, streaming ``rl.jsonl``.
+
+Each step: the engine samples ``group`` responses per prompt with its own log-probs; the backend
+recomputes them with grad (``lp_old`` = that recompute, detached, as verl recomputes old
+log-probs); one clipped-surrogate Adam step; the new weights go into the engine
+(``Engine.load_weights``). Without a remedy the mismatch acts only through the sampling
+distribution (objective-level-hacking Eq. 4, 8); the IS remedies weight tokens by ρ
+(``grpo.remedy_weights``); GSPO clips one ratio per sequence against the engine's log-probs.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from conformance.backends.base import Backend
+from conformance.engines.base import Engine, SamplingSpec
+from conformance.errors import UsageError
+from conformance.metrics import mismatch_metrics, rho_by_prob_bin
+from conformance.rl import grpo
+from conformance.rl.detectors import (
+    CollapseRules,
+    MismatchRules,
+    Verdict,
+    collapse,
+    lead_steps,
+    mismatch_alarm,
+)
+from conformance.rl.scenarios import Scenario
+from conformance.rl.schedules import FLOOR_FRACTION, LengthDecaySchedule
+from conformance.rl.task import CountingTask, Problem, counting_task, position_reward
+from conformance.rl.warmstart import response_slice, warm_start
+
+#: gradient-norm clip (verl's default ``grad_clip``); the logged norm is the one before clipping
+MAX_GRAD_NORM = 1.0
+#: ρ outside [1/OUTSIDE_BAND, OUTSIDE_BAND] counts as extreme (the TIS/MIS cap C = 2)
+OUTSIDE_BAND = 2.0
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that sets a smoke run apart from another on the same stack."""
+
+    scenario: Scenario = field(default_factory=lambda: Scenario("natural"))
+    remedy: str = "none"
+    steps: int = 60
+    seed: int = 0
+    lr: float = 3e-4
+    prompts: int = 8
+    group: int = 4
+    warm_steps: int = 20
+    warm_lr: float = 3e-3
+    long: bool = False
+    mismatch_rules: MismatchRules = field(default_factory=MismatchRules)
+    collapse_rules: CollapseRules = field(default_factory=CollapseRules)
+
+    def __post_init__(self) -> None:
+        if self.remedy not in grpo.REMEDIES:
+            raise UsageError(
+                f"unknown remedy {self.remedy!r}", f"choose one of: {', '.join(grpo.REMEDIES)}"
+            )
+        if self.remedy == "gspo" and self.scenario.name in ("biased", "unbiased"):
+            raise UsageError(
+                f"gspo has no token weights for scenario {self.scenario.name!r}",
+                "use a token-level remedy (none, tis, mis, icepop, seq-mis)",
+            )
+        if self.steps < 1 or self.prompts < 1 or self.group < 2 or self.warm_steps < 0:
+            raise UsageError(
+                f"steps={self.steps} prompts={self.prompts} group={self.group}",
+                "use steps >= 1, prompts >= 1, group >= 2, warm steps >= 0",
+            )
+
+
+@dataclass(frozen=True)
+class RLSummary:
+    scenario: str
+    remedy: str
+    seed: int
+    steps: int
+    mismatch_alarm: Verdict
+    collapse: Verdict
+
+    @property
+    def lead_steps(self) -> int | None:
+        return lead_steps(self.mismatch_alarm, self.collapse)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when neither verdict fired, 1 when either did (issue 6)."""
+        return int(self.mismatch_alarm.fired or self.collapse.fired)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "remedy": self.remedy,
+            "seed": self.seed,
+            "steps": self.steps,
+            "mismatch_alarm": self.mismatch_alarm.as_dict(),
+            "collapse": self.collapse.as_dict(),
+            "lead_steps": self.lead_steps,
+        }
+
+
+def task_for(backend: Backend, long: bool) -> CountingTask:
+    config = getattr(backend.module, "config", None)
+    eos = getattr(config, "eos_token_id", None)
+    if config is None or eos is None:
+        raise UsageError(
+            "the backend's model declares no eos_token_id", "use a model whose config sets one"
+        )
+    special = [getattr(config, k, None) for k in ("bos_token_id", "pad_token_id")]
+    return counting_task(config.vocab_size, eos, [s for s in special if s is not None], long=long)
+
+
+def run_smoke(engine: Engine, backend: Backend, config: RunConfig, out_dir: Path) -> RLSummary:
+    """Run ``config`` on the stack; stream ``out_dir/rl.jsonl``, write ``rl-summary.json``."""
+    torch.manual_seed(config.seed)
+    rng = random.Random(config.seed)
+    generator = torch.Generator().manual_seed(config.seed)
+    task = task_for(backend, config.long)
+    warm_start(backend, task, steps=config.warm_steps, lr=config.warm_lr, rng=rng)
+    sync(engine, backend.module.state_dict())
+    optimizer = torch.optim.Adam(backend.module.parameters(), lr=config.lr)
+    decay = LengthDecaySchedule(config.lr) if config.remedy == "lr-decay" else None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    with (out_dir / "rl.jsonl").open("w") as stream:
+        for step in range(config.steps):
+            lengths = [r["response_length"] for r in rows]
+            base_lr = decay.lr(step, lengths) if decay else config.lr
+            if config.remedy == "lr-low":
+                base_lr *= FLOOR_FRACTION
+            lr = base_lr * config.scenario.lr_factor(step)
+            row = rl_step(engine, backend, optimizer, task, config, step, lr, rng, generator)
+            rows.append(row)
+            stream.write(json.dumps(row) + "\n")
+            stream.flush()
+    summary = RLSummary(
+        scenario=config.scenario.name,
+        remedy=config.remedy,
+        seed=config.seed,
+        steps=config.steps,
+        mismatch_alarm=mismatch_alarm(rows, config.mismatch_rules),
+        collapse=collapse(rows, config.collapse_rules),
+    )
+    (out_dir / "rl-summary.json").write_text(json.dumps(summary.as_dict(), indent=2) + "\n")
+    return summary
+
+
+def sync(engine: Engine, state: dict[str, torch.Tensor] | Any) -> None:
+    """Push trainer weights into the engine; an engine that cannot take them is refused."""
+    try:
+        engine.load_weights(state)
+    except NotImplementedError as exc:
+        raise UsageError(str(exc), "run rl-smoke with an engine that has load_weights") from exc
+
+
+def rl_step(
+    engine: Engine,
+    backend: Backend,
+    optimizer: torch.optim.Optimizer,
+    task: CountingTask,
+    config: RunConfig,
+    step: int,
+    lr: float,
+    rng: random.Random,
+    generator: torch.Generator,
+) -> dict[str, Any]:
+    """One GRPO step; returns its ``rl.jsonl`` row."""
+    started = time.perf_counter()
+    problems = [p for p in task.problems(config.prompts, rng) for _ in range(config.group)]
+    spec = SamplingSpec(
+        max_new_tokens=task.max_new_tokens,
+        seed=config.seed * 1_000_003 + step,
+        ignore_eos=False,
+    )
+    completions = engine.generate([p.prompt for p in problems], spec)
+    pairs = list(zip(completions, problems, strict=True))
+    rewards = torch.tensor([position_reward(c.tokens, p.target) for c, p in pairs])
+    accuracy = statistics.mean(float(c.tokens == p.target) for c, p in pairs)
+    advantages = grpo.group_advantages(rewards.view(config.prompts, config.group)).view(-1)
+
+    out = backend.recompute([c.sequence for c in completions], grad=True)
+    lp = pad_sequence(
+        [response_slice(x, len(p.prompt)) for x, p in zip(out.logprobs, problems, strict=True)],
+        batch_first=True,
+    ).float()
+    entropy = pad_sequence(
+        [response_slice(x, len(p.prompt)) for x, p in zip(out.entropy, problems, strict=True)],
+        batch_first=True,
+    )
+    lengths = torch.tensor([len(c.tokens) for c in completions])
+    mask = torch.arange(lp.shape[1])[None, :] < lengths[:, None]
+    lp_old = lp.detach()
+    engine_lp = pad_sequence([torch.tensor(c.logprobs) for c in completions], batch_first=True)
+    lp_infer = config.scenario.rollout_logprobs(engine_lp.to(lp_old.dtype), lp_old)
+
+    weights = config.scenario.token_weights(step, lp_old.exp(), generator)
+    if config.remedy == "gspo":
+        surrogate = grpo.gspo_surrogate(lp, lp_infer, advantages, mask)
+    else:
+        remedy_w = grpo.remedy_weights(config.remedy, lp_old, lp_infer, mask)
+        if remedy_w is not None:
+            weights = remedy_w if weights is None else weights * remedy_w
+        surrogate = grpo.clipped_surrogate(lp, lp_old, advantages, mask, weights)
+
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.zero_grad()
+    surrogate.loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(backend.module.parameters(), MAX_GRAD_NORM)
+    optimizer.step()
+    sync(engine, config.scenario.engine_weights(step, backend.module.state_dict(), generator))
+
+    rho = grpo.rho(lp_old, lp_infer, mask)
+    outside = ((rho > OUTSIDE_BAND) | (rho < 1 / OUTSIDE_BAND)) & mask
+    return {
+        "step": step,
+        "lr": lr,
+        "reward": float(rewards.mean()),
+        "accuracy": accuracy,
+        "entropy": float(entropy[mask].mean()),
+        "grad_norm": float(grad_norm),
+        "clip_fraction": surrogate.clip_fraction,
+        "response_length": float(lengths.float().mean()),
+        "eos_rate": statistics.mean(c.finish_reason == "eos" for c in completions),
+        "J": grpo.hacking_signal(advantages, lp_old.exp(), mask),
+        "rho_outside_frac": float(outside.sum() / mask.sum()),
+        "injected": config.scenario.level(step),
+        "mismatch": mismatch_metrics(lp_old, lp_infer, mask),
+        "rho_by_bin": rho_by_prob_bin(lp_old, lp_infer, mask),
+        "seconds": time.perf_counter() - started,
+    }
+
+
+__all__ = ["Problem", "RLSummary", "RunConfig", "run_smoke"]
