@@ -60,12 +60,13 @@ class Recorder:
         from conformance.metrics import mismatch_metrics, stack_ragged
 
         record = self._require_check()
-        train, mask = stack_ragged([list(map(float, row)) for row in lp_train])
-        infer, _ = stack_ragged([list(map(float, row)) for row in lp_infer])
+        train_rows, infer_rows = _float_rows(lp_train), _float_rows(lp_infer)
+        train, mask = stack_ragged(train_rows)
+        infer, _ = stack_ragged(infer_rows)
         metrics = mismatch_metrics(train, infer, mask)
         record.examples_run += 1
-        record.lp_train.extend([list(map(float, r)) for r in lp_train])
-        record.lp_infer.extend([list(map(float, r)) for r in lp_infer])
+        record.lp_train.extend(train_rows)
+        record.lp_infer.extend(infer_rows)
         record.positions.extend(
             [list(p) for p in positions] if positions else [list(range(len(r))) for r in lp_train]
         )
@@ -128,6 +129,7 @@ class HarnessSession:
         self.recorder = Recorder(self)
         self.checks: list[dict[str, Any]] = []
         self.crash: str | None = None
+        self.final_report: dict[str, Any] | None = None
         self._engine: GuardedEngine | None = None
         self._backends: dict[tuple[Any, ...], Backend] = {}
         self._model_info: Any = None
@@ -274,6 +276,10 @@ class HarnessSession:
             path = self.report_dir / "report.json"
             path.write_text(json.dumps(report, indent=1, default=str) + "\n")
         return report
+
+
+def _float_rows(rows: Sequence[Any]) -> list[list[float]]:
+    return [row.tolist() if hasattr(row, "tolist") else [float(v) for v in row] for row in rows]
 
 
 def new_seed() -> int:

@@ -1,0 +1,146 @@
+"""``tim-conformance certify``: run the conformance suites on a stack and give a verdict."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+from conformance.errors import EngineCrashed, UsageError
+from conformance.options import add_stack_options, pyproject_table, resolve
+
+#: the suites shipped next to the package (a clone installed with ``pip install -e .``)
+DEFAULT_SUITES = Path(__file__).resolve().parents[2] / "suites"
+DEFAULT_SEED = 0
+
+EPILOG = """exit status: 0 certified, 1 not certified, 2 usage/environment error or incomplete run
+
+examples:
+  tim-conformance certify
+  tim-conformance certify --engine vllm --engine-dtype bfloat16 --backend-dtype float32
+  tim-conformance certify --engine-dtype bfloat16 --profile fp32 --out reports/bf16
+  tim-conformance certify --check reports/base/certificate.json
+"""
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "certify",
+        help="run the conformance suites on a stack and certify it",
+        description="Run the conformance suites (pytest, in-process) on an engine + backend + "
+        "model + dtype stack; write report.json, report.html and certificate.json.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_stack_options(parser.add_argument, prefix="")
+    parser.add_argument(
+        "--seed", type=int, default=None, help=f"Hypothesis seed (default: {DEFAULT_SEED})"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="report folder (default: reports/<timestamp>/)"
+    )
+    parser.add_argument(
+        "--suites", type=Path, default=DEFAULT_SUITES, help="suites folder (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--check",
+        type=Path,
+        default=None,
+        metavar="CERTIFICATE",
+        help="do not run the suites: say whether the current stack is the certified one",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from conformance.stack import StackSpec
+
+    values = resolve(vars(args), pyproject_table(Path.cwd()))
+    spec = StackSpec.from_options(values)
+    _preflight(spec)
+    if args.check is not None:
+        return _check(spec, args.check)
+    if not args.suites.is_dir():
+        raise UsageError(
+            f"suites folder {args.suites} not found",
+            "pass --suites DIR, or install from a clone with `pip install -e .`",
+        )
+    out = args.out or Path("reports") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    seed = DEFAULT_SEED if args.seed is None else args.seed
+    report = _run_suites(spec, args.suites, out, seed)
+    return _conclude(report, out)
+
+
+def _preflight(spec: Any) -> None:
+    """Fail fast, before pytest starts, on what the user can fix: model, engine, profile."""
+    from conformance.backends import BACKENDS
+    from conformance.engines import ENGINES
+    from conformance.models import inspect_model
+    from conformance.profiles import load_profile
+
+    load_profile(spec.profile)
+    ENGINES.get(spec.engine)
+    BACKENDS.get(spec.backend)
+    inspect_model(spec.model_dir())
+
+
+def _run_suites(spec: Any, suites: Path, out: Path, seed: int) -> dict[str, Any]:
+    import pytest
+
+    args = [
+        str(suites),
+        *spec.pytest_args(),
+        "--tim-report",
+        str(out),
+        f"--hypothesis-seed={seed}",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--rootdir={suites.parent}",
+    ]
+    print(f"tim-conformance: certifying {spec.engine} vs {spec.backend} -> {out}", flush=True)
+    code = pytest.main(args)
+    report_path = out / "report.json"
+    if not report_path.is_file():
+        raise UsageError(
+            f"the suites did not run (pytest exit {int(code)})", "see the pytest output above"
+        )
+    return json.loads(report_path.read_text())
+
+
+def _conclude(report: dict[str, Any], out: Path) -> int:
+    from conformance.certificate import write_certificate
+
+    write_certificate(out / "report.json", out / "certificate.json")
+    verdict = report["verdict"]
+    print(f"tim-conformance: report {out / 'report.html'}, certificate {out / 'certificate.json'}")
+    if verdict == "incomplete":
+        raise EngineCrashed(
+            f"run incomplete: {report['reason']}; partial results kept in {out / 'results.jsonl'}",
+            "fix the engine (see its log) and rerun certify",
+        )
+    print(f"tim-conformance: verdict {'CERTIFIED' if verdict == 'pass' else 'NOT CERTIFIED'}")
+    return 0 if verdict == "pass" else 1
+
+
+def _check(spec: Any, certificate: Path) -> int:
+    from conformance.certificate import check_certificate
+    from conformance.session import HarnessSession
+
+    session = HarnessSession(spec, seed=DEFAULT_SEED, report_dir=None, command="")
+    try:
+        session.engine  # noqa: B018 — starting it is how its versions and knobs are learned
+        session.backend  # noqa: B018
+        stack = session.report()["stack"]
+    finally:
+        session.close()
+    result = check_certificate(certificate, stack)
+    if result.matches:
+        print(f"tim-conformance: the current stack is the one certified in {certificate}")
+        return 0
+    print(f"tim-conformance: the current stack differs from {certificate}:")
+    for field, certified, current in result.differences:
+        print(f"  {field}: certified {certified!r}, now {current!r}")
+    return 1

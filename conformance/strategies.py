@@ -1,0 +1,187 @@
+"""Hypothesis strategies for conformance properties: token prompts, batch shapes, sampling
+specs and precisions. Each accepts plain values or strategies and shrinks towards the simplest
+case (short prompts of low token ids, batch size 1, temperature 1)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from hypothesis import strategies as st
+from hypothesis.strategies import SearchStrategy
+
+from conformance.dtypes import DTYPE_NAMES
+from conformance.engines.base import SamplingSpec
+from conformance.errors import UsageError
+
+T = TypeVar("T")
+
+#: default dimensions of sampling specs; the first value of each is what shrinking reaches
+NEW_TOKENS = st.integers(1, 16)
+TEMPERATURES = st.sampled_from([1.0, 0.7, 0.5, 1.3])
+TOP_PS = st.sampled_from([1.0, 0.9, 0.5])
+TOP_KS = st.sampled_from([0, 20])
+SEEDS = st.integers(0, 2**31 - 1)
+PaddingSide = Literal["left", "right"]
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """How a batch is laid out: one length per sequence, and where the padding goes."""
+
+    lengths: tuple[int, ...]
+    padding_side: PaddingSide
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.lengths)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.batch_size,
+            "lengths": list(self.lengths),
+            "padding_side": self.padding_side,
+        }
+
+
+def _as_strategy(value: T | SearchStrategy[T]) -> SearchStrategy[T]:
+    return value if isinstance(value, SearchStrategy) else st.just(value)
+
+
+def _check_range(name: str, low: int, high: int, floor: int) -> None:
+    if low < floor:
+        raise UsageError(f"{name}: min {low} < {floor}", f"use a minimum of at least {floor}")
+    if high < low:
+        raise UsageError(f"{name}: max {high} < min {low}", "make max >= min")
+
+
+def token_ids(
+    vocab_size: int, *, special_ids: Sequence[int] = (), min_id: int = 0
+) -> SearchStrategy[int]:
+    """Return a strategy for token ids in ``[min_id, vocab_size)``.
+
+    Mixes uniform ids with the vocabulary edges (``min_id``, ``vocab_size − 1``, ``− 2``),
+    where engines have been seen to mis-report (SGLang: ids ≥ vocab_size − 1), and the
+    special ids. Shrinks towards ``min_id``.
+
+    - vocab_size: the model's vocabulary size.
+    - special_ids: bos/eos/pad ids to draw now and then.
+    - min_id: lowest id to draw.
+
+    >>> token_ids(384, special_ids=[0, 1, 2]).example()  # doctest: +SKIP
+    383
+    """
+    _check_range("token_ids", min_id, vocab_size - 1, 0)
+    edges = sorted({min_id, vocab_size - 1, max(min_id, vocab_size - 2)})
+    parts = [st.integers(min_id, vocab_size - 1), st.sampled_from(edges)]
+    if special_ids:
+        parts.append(st.sampled_from(sorted(set(special_ids))))
+    return st.one_of(*parts)
+
+
+def token_sequences(
+    vocab_size: int,
+    *,
+    min_len: int = 1,
+    max_len: int | SearchStrategy[int] = 64,
+    special_ids: Sequence[int] = (),
+    ids: SearchStrategy[int] | None = None,
+) -> SearchStrategy[list[int]]:
+    """Return a strategy for one prompt as token ids, ``min_len``..``max_len`` long.
+
+    Half the time a sequence is built from runs of a repeated token (repetition stresses
+    KV-cache reuse and attention over identical keys). Shrinks towards ``[min_id]``.
+
+    - vocab_size / special_ids: as for :func:`token_ids`.
+    - min_len, max_len: length bounds; ``max_len`` may be a strategy.
+    - ids: the strategy for single ids (default: :func:`token_ids`).
+    """
+    ids = ids if ids is not None else token_ids(vocab_size, special_ids=special_ids)
+
+    @st.composite
+    def build(draw: st.DrawFn) -> list[int]:
+        high = draw(_as_strategy(max_len))
+        _check_range("token_sequences length", min_len, high, 1)
+        if draw(st.booleans()):
+            return draw(st.lists(ids, min_size=min_len, max_size=high))
+        runs = draw(
+            st.lists(st.tuples(ids, st.integers(1, 8)), min_size=1, max_size=max(1, high // 2))
+        )
+        sequence = [token for token, count in runs for _ in range(count)][:high]
+        missing = max(0, min_len - len(sequence))
+        return sequence + draw(st.lists(ids, min_size=missing, max_size=missing))
+
+    return build()
+
+
+def batch_shapes(
+    *,
+    min_batch: int = 1,
+    max_batch: int = 8,
+    min_len: int = 1,
+    max_len: int = 64,
+    padding_sides: Sequence[PaddingSide] = ("left", "right"),
+) -> SearchStrategy[BatchShape]:
+    """Return a strategy for batch layouts: size, ragged lengths, padding side.
+
+    Shrinks towards one sequence of length ``min_len``, padded on the first side given.
+    """
+    _check_range("batch_shapes batch", min_batch, max_batch, 1)
+    _check_range("batch_shapes length", min_len, max_len, 1)
+    if not padding_sides:
+        raise UsageError("batch_shapes: padding_sides is empty", "pass ('left',) or ('right',)")
+    return st.builds(
+        BatchShape,
+        lengths=st.lists(st.integers(min_len, max_len), min_size=min_batch, max_size=max_batch).map(
+            tuple
+        ),
+        padding_side=st.sampled_from(tuple(padding_sides)),
+    )
+
+
+def token_batches(
+    vocab_size: int,
+    *,
+    shape: BatchShape | SearchStrategy[BatchShape] | None = None,
+    special_ids: Sequence[int] = (),
+) -> SearchStrategy[tuple[BatchShape, list[list[int]]]]:
+    """Return a strategy for ``(shape, prompts)``: prompts of exactly the shape's lengths."""
+    shapes = _as_strategy(shape) if shape is not None else batch_shapes()
+    ids = token_ids(vocab_size, special_ids=special_ids)
+
+    @st.composite
+    def build(draw: st.DrawFn) -> tuple[BatchShape, list[list[int]]]:
+        drawn = draw(shapes)
+        prompts = [
+            draw(token_sequences(vocab_size, min_len=n, max_len=n, ids=ids)) for n in drawn.lengths
+        ]
+        return drawn, prompts
+
+    return build()
+
+
+def sampling_specs(
+    *,
+    max_new_tokens: int | SearchStrategy[int] = NEW_TOKENS,
+    temperature: float | SearchStrategy[float] = TEMPERATURES,
+    top_p: float | SearchStrategy[float] = TOP_PS,
+    top_k: int | SearchStrategy[int] = TOP_KS,
+    seed: int | SearchStrategy[int] = SEEDS,
+    ignore_eos: bool | SearchStrategy[bool] = True,
+) -> SearchStrategy[SamplingSpec]:
+    """Return a strategy for sampling specs. Shrinks towards temperature 1, no top-p/top-k."""
+    return st.builds(
+        SamplingSpec,
+        max_new_tokens=_as_strategy(max_new_tokens),
+        temperature=_as_strategy(temperature),
+        top_p=_as_strategy(top_p),
+        top_k=_as_strategy(top_k),
+        seed=_as_strategy(seed),
+        ignore_eos=_as_strategy(ignore_eos),
+    )
+
+
+def precisions(names: Sequence[str] = DTYPE_NAMES) -> SearchStrategy[str]:
+    """Return a strategy for precision names (``float32``, ``bfloat16``, ``float16``)."""
+    return st.sampled_from(tuple(names))

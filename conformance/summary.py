@@ -1,0 +1,43 @@
+"""The verdict table printed at the end of a run (pytest's summary and ``certify``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+#: metrics shown in the terminal table, most telling first
+HEADLINE_METRICS = ("abs_diff_max", "abs_diff_mean", "rho_std", "k3", "pcc")
+_VERDICT_WORDS = {"pass": "CERTIFIED", "fail": "NOT CERTIFIED", "incomplete": "INCOMPLETE"}
+
+
+def verdict_lines(report: dict[str, Any], report_dir: Path | None) -> list[str]:
+    """One row per check (status, headline metrics), then the verdict line."""
+    rows = [("suite", "check", "status", *HEADLINE_METRICS)]
+    for check in report["checks"]:
+        metrics = check["metrics"]
+        rows.append(
+            (
+                check["suite"],
+                check["name"],
+                check["status"].upper(),
+                *(f"{metrics[m]:.3g}" if m in metrics else "-" for m in HEADLINE_METRICS),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    for check in report["checks"]:
+        if check["status"] in ("fail", "error"):
+            lines.append(f"{check['status'].upper()} {check['nodeid']}: {check['message']}")
+    stack = report["stack"]
+    verdict = f"verdict: {_VERDICT_WORDS[report['verdict']]}"
+    if report["reason"]:
+        verdict += f" — {report['reason']}"
+    lines += [
+        verdict,
+        f"stack: {stack['engine']} ({stack['engine_dtype']}) vs {stack['backend']} "
+        f"({stack['backend_dtype']}), profile {report['profile']['name']}, seed {report['seed']}, "
+        f"fingerprint {stack['fingerprint'][:16]}",
+    ]
+    if report_dir is not None:
+        lines.append(f"report: {report_dir / 'report.json'}")
+    return lines

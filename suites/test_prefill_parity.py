@@ -1,0 +1,24 @@
+"""Prefill parity.
+
+For any batch of token sequences, the engine scoring them in one prefill and the backend
+recomputing them the way a trainer does give the same per-token log-probabilities, within the
+active profile. The backend lays the batch out with the padding side Hypothesis drew.
+"""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance.suite_support import case, prompt_batches
+
+
+@given(data=st.data())
+def test_prefill_parity(data, engine, model, recorder, tim):
+    shape, sequences = data.draw(prompt_batches(model, min_len=2), label="batch")
+    backend = tim.backend_variant(layout=f"{shape.padding_side}-pad")
+
+    lp_infer = engine.score(sequences)
+    lp_train = backend.recompute(sequences).logprobs
+
+    example = case(sequences, shape)
+    metrics = recorder.measure(lp_train, lp_infer, case=example)
+    recorder.check_profile(metrics, example)
