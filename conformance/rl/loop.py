@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from conformance.backends.base import Backend
-from conformance.engines.base import Engine, SamplingSpec
+from conformance.backends import BACKENDS, Backend
+from conformance.engines import ENGINES, Engine, SamplingSpec
 from conformance.errors import UsageError
 from conformance.metrics import mismatch_metrics, rho_by_prob_bin
 from conformance.rl import grpo
@@ -36,8 +36,9 @@ from conformance.rl.detectors import (
 )
 from conformance.rl.scenarios import Scenario
 from conformance.rl.schedules import FLOOR_FRACTION, LengthDecaySchedule
-from conformance.rl.task import CountingTask, Problem, counting_task, position_reward
+from conformance.rl.task import CountingTask, counting_task, position_reward
 from conformance.rl.warmstart import response_slice, warm_start
+from conformance.stack import StackSpec
 
 #: gradient-norm clip (verl's default ``grad_clip``); the logged norm is the one before clipping
 MAX_GRAD_NORM = 1.0
@@ -155,6 +156,14 @@ def run_smoke(engine: Engine, backend: Backend, config: RunConfig, out_dir: Path
     return summary
 
 
+def build_stack(spec: StackSpec) -> tuple[Engine, Backend]:
+    """A fresh engine and backend for ``spec`` (a smoke run trains, so it changes both)."""
+    model = spec.model_dir()
+    engine = ENGINES.get(spec.engine)(spec.engine_config(model))
+    backend = BACKENDS.get(spec.backend)(spec.backend_config(model))
+    return engine, backend
+
+
 def sync(engine: Engine, state: dict[str, torch.Tensor] | Any) -> None:
     """Push trainer weights into the engine; an engine that cannot take them is refused."""
     try:
@@ -239,6 +248,3 @@ def rl_step(
         "rho_by_bin": rho_by_prob_bin(lp_old, lp_infer, mask),
         "seconds": time.perf_counter() - started,
     }
-
-
-__all__ = ["Problem", "RLSummary", "RunConfig", "run_smoke"]
