@@ -21,6 +21,7 @@ SUBCOMMANDS = (
     "conformance.cli.floor",
     "conformance.cli.report",
     "conformance.cli.gate",
+    "conformance.cli.rl_smoke",
 )
 
 EPILOG = """examples:
