@@ -33,6 +33,9 @@ class Registry(Generic[T]):
         return sorted(self._paths)
 
     def get(self, name: str) -> type[T]:
+        """The class registered as ``name``; a ``"module:Class"`` path works too (your own)."""
+        if ":" in name and name not in self._paths:
+            return self._import(name, name, f"make {name.partition(':')[0]} importable")
         if name not in self._paths:
             raise UsageError(
                 f"unknown {self.kind} {name!r}",
