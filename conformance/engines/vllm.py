@@ -1,0 +1,148 @@
+"""The ``vllm`` engine: vLLM's offline ``LLM`` API in this process (token-id prompts, eager).
+
+Sampled-token logprobs come from the sampler (``logprobs_mode`` raw or processed); scoring
+uses ``prompt_logprobs``, which vLLM always computes from the raw logits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from conformance.engines import _vllm_common as common
+from conformance.engines.base import Completion, Engine, EngineConfig, SamplingSpec
+from conformance.errors import EngineCrashed, EngineUnavailable
+
+
+class VLLMEngine(Engine):
+    name = "vllm"
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self.options = common.parse_options(self.name, config.options, extra={})
+        self._root = tempfile.mkdtemp(prefix="tim-vllm-")
+        atexit.register(shutil.rmtree, self._root, True)
+        # vLLM reads these while importing and starting, so they go in before either
+        os.environ.update(
+            common.environment(self._root, enforce_eager=self.options["enforce_eager"])
+        )
+        try:
+            from vllm import LLM
+        except ImportError as exc:
+            raise EngineUnavailable(
+                f"vllm cannot be imported ({exc})", common.INSTALL_HINT
+            ) from exc
+        self._llm: Any = LLM(**common.engine_args(config, self.options))
+        self._max_model_len: int = self._llm.llm_engine.model_config.max_model_len
+
+    def _engine(self) -> Any:
+        if self._llm is None:
+            raise EngineCrashed(f"engine {self.name!r} was closed", "start a new engine")
+        return self._llm
+
+    def _run(self, prompts: Sequence[Sequence[int]], params: Any) -> list[Any]:
+        from vllm.inputs import TokensPrompt
+
+        # vLLM returns the outputs in prompt order
+        return self._engine().generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
+        )
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        spec: SamplingSpec,
+        *,
+        top_logprobs: int = 0,
+    ) -> list[Completion]:
+        from vllm import SamplingParams
+
+        common.check_lengths(
+            [len(p) for p in prompts], self._max_model_len, extra=spec.max_new_tokens
+        )
+        params = SamplingParams(
+            max_tokens=spec.max_new_tokens,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            top_k=spec.top_k,
+            # one seed per request: a prompt's rollout does not depend on its batch-mates
+            seed=spec.seed,
+            ignore_eos=spec.ignore_eos,
+            logprobs=top_logprobs,
+            detokenize=False,
+        )
+        completions = []
+        for prompt, out in zip(prompts, self._run(prompts, params), strict=True):
+            sample = out.outputs[0]
+            tokens = list(sample.token_ids)
+            completions.append(
+                Completion(
+                    prompt=list(prompt),
+                    tokens=tokens,
+                    logprobs=[
+                        ranked[t].logprob for t, ranked in zip(tokens, sample.logprobs, strict=True)
+                    ],
+                    top_logprobs=[
+                        {t: lp.logprob for t, lp in ranked.items() if lp.rank <= top_logprobs}
+                        for ranked in sample.logprobs
+                    ]
+                    if top_logprobs
+                    else None,
+                    finish_reason=sample.finish_reason or "length",
+                )
+            )
+        return completions
+
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        from vllm import SamplingParams
+
+        common.check_lengths([len(s) for s in sequences], self._max_model_len, extra=1)
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        return [
+            # entry 0 is None: the first token has no prefix
+            [ranked[t].logprob for t, ranked in zip(seq[1:], out.prompt_logprobs[1:], strict=True)]
+            for seq, out in zip(sequences, self._run(sequences, params), strict=True)
+        ]
+
+    def load_weights(self, state_dict: Mapping[str, Any]) -> None:
+        """Copy a transformers-named state dict into the running model (RL weight sync).
+
+        The model's own ``load_weights`` maps checkpoint names onto vLLM's fused layers;
+        cached prefixes were computed with the old weights, so the prefix cache is reset.
+        """
+        weights = list(state_dict.items())
+        self._engine().apply_model(lambda model: model.load_weights(iter(weights)))
+        self._engine().reset_prefix_cache()
+
+    def knobs(self) -> dict[str, tuple[Any, ...]]:
+        return dict(common.KNOBS)
+
+    def info(self) -> dict[str, Any]:
+        info = super().info()
+        info["vllm"] = common.vllm_version()
+        if self._llm is not None:
+            config = self._llm.llm_engine.vllm_config
+            info["knobs"] = {
+                "enforce_eager": config.model_config.enforce_eager,
+                "enable_chunked_prefill": config.scheduler_config.enable_chunked_prefill,
+                "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+                "enable_prefix_caching": config.cache_config.enable_prefix_caching,
+                "max_num_seqs": config.scheduler_config.max_num_seqs,
+                "max_model_len": config.model_config.max_model_len,
+                "logprobs_mode": config.model_config.logprobs_mode,
+            }
+        return info
+
+    def close(self) -> None:
+        if getattr(self, "_llm", None) is None:
+            return
+        llm, self._llm = self._llm, None
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+        shutil.rmtree(self._root, ignore_errors=True)
