@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from pathlib import Path
@@ -64,9 +65,23 @@ def corpus(n_lines: int) -> list[str]:
 
 
 def train_tokenizer(vocab: int, max_length: int) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE of up to ``vocab`` tokens, ids 0–2 being bos, eos, pad."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    """A byte-level BPE of up to ``vocab`` tokens, ids 0–2 being bos, eos, pad."""
+    from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(_trained_json(vocab)),
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        model_max_length=max_length,
+    )
+
+
+@functools.cache
+def _trained_json(vocab: int) -> str:
+    """The trained tokenizer, serialised; it depends on ``vocab`` only, so train once each."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
@@ -83,14 +98,9 @@ def train_tokenizer(vocab: int, max_length: int) -> PreTrainedTokenizerFast:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(corpus(8 * vocab), trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token=BOS,
-        eos_token=EOS,
-        pad_token=PAD,
-        model_max_length=max_length,
-    )
+    # two lines per token leaves merges to spare up to vocab 8192 at least
+    tokenizer.train_from_iterator(corpus(2 * vocab), trainer=trainer)
+    return tokenizer.to_str()
 
 
 def save_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> None:
