@@ -15,6 +15,8 @@ from conformance.report.stats import pool_samples
 MAX_DETAILED_FAILURES = 20
 #: rows of any per-check listing; the full data stays in report.json
 MAX_LISTED_CHECKS = 200
+#: tokens pooled per suite for its plots and their statistics (failing checks first)
+MAX_PLOTTED_TOKENS = 20_000
 #: prompt ids shown per sequence of a reproducer (the replay command carries the full case)
 MAX_PROMPT_IDS = 256
 
@@ -170,9 +172,19 @@ def suite_section(name: str, checks: list[dict]) -> Markup:
     others = [c for c in checks if c.get("status") not in ("fail", "error")]
     if others:
         parts.append(_listing(f"{len(others)} passing or skipped checks", others))
-    samples = pool_samples([c["samples"] for c in checks if isinstance(c.get("samples"), dict)])
+    # failing checks first, so a capped pool keeps the samples that explain the failure
+    sampled = [c for c in failing + others if isinstance(c.get("samples"), dict)]
+    samples = pool_samples([c["samples"] for c in sampled], MAX_PLOTTED_TOKENS)
     if len(samples):
         parts.append(tag("div", join(plots.token_plots(samples)), cls="charts"))
+        parts.append(
+            tag(
+                "p",
+                f"plots: {len(samples)} tokens pooled from the {len(sampled)} checks with samples "
+                f"(at most {MAX_PLOTTED_TOKENS}, failing checks first)",
+                cls="sub",
+            )
+        )
     return tag("section", join(parts), cls="suite", id=f"suite-{_anchor(name)}")
 
 

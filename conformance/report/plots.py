@@ -2,7 +2,7 @@
 
 Each function returns one inline ``<svg>`` (as Markup). Points are down-sampled
 deterministically to ``MAX_POINTS`` so a report of any size stays small and fast; the
-statistics printed on the plots (PCC, counts, bins) use every sample.
+statistics printed on the plots (PCC, counts, bins) use every token they are given.
 """
 
 from __future__ import annotations

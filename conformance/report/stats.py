@@ -46,11 +46,16 @@ class BinSummary:
     max: float
 
 
-def pool_samples(samples: Sequence[dict]) -> TokenSamples:
+def pool_samples(samples: Sequence[dict], cap: int | None = None) -> TokenSamples:
     """Concatenate the ``samples`` dicts of several checks, dropping non-finite pairs.
 
-    ``position`` defaults to the index within each check when a check did not record it.
+    With ``cap``, an even stride over the checks keeps about ``cap`` tokens (whole checks,
+    so each kept check's positions stay together). ``position`` defaults to the index within
+    each check when a check did not record it.
     """
+    total = sum(len(s.get("lp_train") or []) for s in samples)
+    if cap is not None and total > cap:
+        samples = samples[:: math.ceil(total / cap)]
     lp_train: list[float] = []
     lp_infer: list[float] = []
     position: list[int] = []

@@ -1,0 +1,79 @@
+"""certificate.json: written from a real report, checked against the current stack."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+
+import pytest
+import torch
+
+from conformance.certificate import check_certificate, write_certificate
+from conformance.errors import UsageError
+
+from .reports import SUITES, make_report
+
+
+@pytest.fixture
+def written(tmp_path) -> tuple[dict, dict, object]:
+    report = make_report(torch.bfloat16)
+    report_path = tmp_path / "report.json"
+    report_path.write_text(json.dumps(report))
+    cert_path = tmp_path / "certificate.json"
+    return report, write_certificate(report_path, cert_path), cert_path
+
+
+def test_certificate_summarises_the_report(written, tmp_path) -> None:
+    report, cert, cert_path = written
+    assert json.loads(cert_path.read_text()) == cert
+    assert (
+        cert["report_sha256"] == hashlib.sha256((tmp_path / "report.json").read_bytes()).hexdigest()
+    )
+    assert cert["verdict"] == report["verdict"] == "fail" and cert["certified"] is False
+    assert cert["profile"]["name"] == "test"
+    assert set(cert["metrics"]) == set(SUITES)
+    for suite in SUITES:
+        checks = [c for c in report["checks"] if c["suite"] == suite]
+        assert cert["metrics"][suite]["abs_diff_max"] == max(
+            c["metrics"]["abs_diff_max"] for c in checks
+        )
+        assert cert["metrics"][suite]["pcc"] == min(c["metrics"]["pcc"] for c in checks)
+    assert "path" not in cert["stack"]["model"]
+
+
+def test_same_stack_matches_even_from_another_folder(written) -> None:
+    report, _, cert_path = written
+    stack = copy.deepcopy(report["stack"])
+    stack["model"]["path"] = "/elsewhere/model"
+    stack["fingerprint"] = "recomputed"
+    check = check_certificate(cert_path, stack)
+    assert check.matches and check.differences == []
+
+
+def test_changed_stack_lists_each_difference(written) -> None:
+    report, _, cert_path = written
+    stack = copy.deepcopy(report["stack"])
+    stack["engine_dtype"] = "float32"
+    stack["versions"]["torch"] = "9.9.9"
+    stack["env"]["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    check = check_certificate(cert_path, stack)
+    assert not check.matches
+    assert check.differences == [
+        ("engine_dtype", "bfloat16", "float32"),
+        ("env.CUBLAS_WORKSPACE_CONFIG", None, ":4096:8"),
+        ("versions.torch", torch.__version__, "9.9.9"),
+    ]
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path) -> None:
+    (tmp_path / "r.json").write_text("[]")
+    (tmp_path / "c.json").write_text('{"stack": {}}')
+    with pytest.raises(UsageError):
+        write_certificate(tmp_path / "r.json", tmp_path / "out.json")
+    with pytest.raises(UsageError):
+        write_certificate(tmp_path / "none.json", tmp_path / "out.json")
+    for bad in ("c.json", "none.json", "r.json"):
+        with pytest.raises(UsageError) as err:
+            check_certificate(tmp_path / bad, {})
+        assert "\n" not in str(err.value)

@@ -1,0 +1,147 @@
+"""The parity gate on reports measured from real log-probabilities.
+
+The baseline is an fp32 engine vs an fp32 trainer; the "kernel change" candidate rounds the
+engine's logits through bfloat16, the equal candidate recomputes the baseline's stack.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from conformance.cli import main
+from conformance.errors import UsageError
+from conformance.gate import (
+    DEFAULT_FLOOR,
+    NOT_COMPARABLE,
+    OK,
+    REGRESSED,
+    compare,
+    parse_factors,
+    write_gate_html,
+)
+
+from .reports import BF16_THRESHOLDS, make_report
+
+
+@pytest.fixture(scope="module")
+def baseline() -> dict:
+    return make_report(torch.float32)
+
+
+@pytest.fixture(scope="module")
+def bf16() -> dict:
+    return make_report(torch.bfloat16)
+
+
+def test_equal_candidate_passes(baseline: dict) -> None:
+    result = compare(baseline, make_report(torch.float32), max_regression={})
+    assert result.exit_code == OK, result.reason
+    assert result.rows and not any(r.regressed for r in result.rows)
+
+
+def test_bf16_kernel_change_is_caught_by_profile_and_regression(baseline: dict, bf16: dict) -> None:
+    result = compare(baseline, bf16, max_regression={})
+    assert result.exit_code == REGRESSED
+    regressed = {(r.suite, r.metric) for r in result.rows if r.regressed}
+    assert ("rollout_parity", "abs_diff_max") in regressed
+    # pcc is a "higher is better" metric: it regresses by its shortfall from 1 growing
+    assert ("rollout_parity", "pcc") in regressed
+    assert result.violations and "profile violation" in result.reason
+
+
+def test_regression_within_a_loose_profile_still_fails(baseline: dict) -> None:
+    candidate = make_report(torch.bfloat16, thresholds=BF16_THRESHOLDS)
+    assert candidate["verdict"] == "pass"
+    result = compare(baseline, candidate, max_regression={})
+    assert result.exit_code == REGRESSED and not result.violations
+    assert "regressed" in result.reason
+
+
+def test_generous_factor_lets_a_known_regression_through(baseline: dict) -> None:
+    candidate = make_report(torch.bfloat16, thresholds=BF16_THRESHOLDS)
+    worst = max(r.ratio or 0 for r in compare(baseline, candidate, max_regression={}).rows)
+    everything = {m: worst * 2 for m in candidate["checks"][0]["metrics"]}
+    assert compare(baseline, candidate, max_regression=everything).exit_code == OK
+
+
+def test_noise_below_the_floor_is_not_a_regression(baseline: dict) -> None:
+    candidate = copy.deepcopy(baseline)
+    for check in candidate["checks"]:
+        check["metrics"]["abs_diff_max"] = DEFAULT_FLOOR * 0.9  # fp32 jitter, 1e-7 … 1e-6
+    rows = compare(baseline, candidate, max_regression={}).rows
+    row = next(r for r in rows if r.metric == "abs_diff_max")
+    assert not row.regressed and row.floored
+
+
+def test_nan_in_the_candidate_is_a_regression(baseline: dict) -> None:
+    candidate = copy.deepcopy(baseline)
+    candidate["checks"][0]["metrics"]["rho_std"] = float("nan")
+    result = compare(baseline, candidate, max_regression={})
+    assert result.exit_code == REGRESSED
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (lambda r: r.update(seed=7), "different seed"),
+        (lambda r: r.update(examples=99), "different examples"),
+        (lambda r: r["stack"]["model"].update(sha256="0" * 64), "different models"),
+        (lambda r: r["checks"].pop(), "only the baseline ran"),
+        (lambda r: r.update(verdict="incomplete", reason="engine died"), "engine died"),
+    ],
+)
+def test_incomparable_reports_exit_2_saying_why(baseline: dict, change, words: str) -> None:
+    candidate = copy.deepcopy(baseline)
+    change(candidate)
+    result = compare(baseline, candidate, max_regression={})
+    assert result.exit_code == NOT_COMPARABLE
+    assert words in result.reason and "\n" not in result.reason
+
+
+def test_bad_factors_are_usage_errors(baseline: dict) -> None:
+    assert parse_factors(["abs_diff_max=3", " pcc = 1.5"]) == {"abs_diff_max": 3.0, "pcc": 1.5}
+    for spec in ("abs_diff_max", "abs_diff_max=x", "=2"):
+        with pytest.raises(UsageError):
+            parse_factors([spec])
+    with pytest.raises(UsageError, match="unknown metric"):
+        compare(baseline, baseline, max_regression={"abs_dif_max": 2})
+    with pytest.raises(UsageError, match="factor >= 1"):
+        compare(baseline, baseline, max_regression={"abs_diff_max": 0.5})
+
+
+def test_cli_prints_the_table_and_writes_html(tmp_path, baseline: dict, bf16: dict, capsys) -> None:
+    base, cand, equal = tmp_path / "base.json", tmp_path / "cand.json", tmp_path / "equal.json"
+    base.write_text(json.dumps(baseline))
+    cand.write_text(json.dumps(bf16))
+    equal.write_text(json.dumps(make_report(torch.float32)))
+    html = tmp_path / "gate.html"
+    assert main(["gate", str(base), str(cand), "--html", str(html)]) == REGRESSED
+    out = capsys.readouterr().out
+    assert "abs_diff_max" in out and "REGRESSED" in out and "gate: FAIL" in out
+    assert "GATE FAILED" in html.read_text()
+    assert main(["gate", str(base), str(equal), "--max-regression", "pcc=3"]) == OK
+    assert "gate: PASS" in capsys.readouterr().out
+
+
+def test_cli_bad_input_is_one_line_exit_2(tmp_path, baseline: dict, capsys) -> None:
+    good = tmp_path / "base.json"
+    good.write_text(json.dumps(baseline))
+    (tmp_path / "text.json").write_text("not json")
+    (tmp_path / "other.json").write_text('{"schema": 1}')
+    for bad in ("missing.json", "text.json", "other.json"):
+        assert main(["gate", str(good), str(tmp_path / bad)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("tim-conformance: error:") and "\n" not in err
+
+
+def test_gate_html_escapes_and_says_not_comparable(tmp_path, baseline: dict) -> None:
+    candidate = copy.deepcopy(baseline)
+    candidate["command"] = "<script>alert(1)</script>"
+    candidate["seed"] = 1
+    page = write_gate_html(compare(baseline, candidate, max_regression={}), tmp_path / "g.html")
+    text = page.read_text()
+    assert "NOT COMPARABLE" in text and "<script>" not in text and "&lt;script&gt;" in text
