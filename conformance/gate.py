@@ -132,7 +132,7 @@ def compare(
 
     rows = regression_rows(baseline, candidate, factors, floor)
     profile_name, violations = profile_violations(candidate, profile)
-    regressed = [r for r in rows if r.regressed]
+    regressed = sorted((r for r in rows if r.regressed), key=lambda r: -(r.ratio or math.inf))
     problems = []
     if violations:
         problems.append(f"{len(violations)} profile violation(s) under {profile_name}")
@@ -329,7 +329,7 @@ def _violation_line(check: dict, metric: object, value: object, threshold: objec
 
 
 def _num(v: float | None) -> str:
-    return "—" if v is None else f"{v:.6g}"
+    return "—" if v is None else f"{v + 0.0:.6g}"  # + 0.0 turns -0.0 into 0
 
 
 def _ratio(row: MetricRow) -> str:
