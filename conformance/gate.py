@@ -15,7 +15,8 @@ The absolute floor keeps ratios of rounding noise out of the verdict: an fp32 st
 distance from the ideal makes "higher is better" metrics (pcc 0.99999 → 0.999) regress by the
 growth of their shortfall, the same rule as for "lower is better" ones.
 
-Exit codes: 0 within profile and no regression, 1 otherwise, 2 not comparable.
+Exit codes: 0 within profile and no regression; 1 otherwise, an incomplete candidate run
+(crash, errored check) included; 2 not comparable (an incomplete baseline included).
 """
 
 from __future__ import annotations
@@ -126,6 +127,10 @@ def compare(
         "baseline_command": baseline.get("command"),
         "candidate_command": candidate.get("command"),
     }
+    if candidate.get("verdict") == "incomplete":
+        # a change that crashes the engine or errors a check fails the gate, it is not "n/a"
+        reason = candidate.get("reason") or "no reason given"
+        return GateResult(REGRESSED, f"the candidate run is incomplete: {reason}", **commands)
     why_not = not_comparable(baseline, candidate)
     if why_not:
         return GateResult(NOT_COMPARABLE, f"not comparable: {why_not}", floor=floor, **commands)
@@ -156,9 +161,8 @@ def compare(
 
 def not_comparable(baseline: dict, candidate: dict) -> str | None:
     """Why the two reports cannot be compared (one line), or None when they can."""
-    for name, report in (("baseline", baseline), ("candidate", candidate)):
-        if report.get("verdict") == "incomplete":
-            return f"the {name} run is incomplete ({report.get('reason') or 'no reason given'})"
+    if baseline.get("verdict") == "incomplete":
+        return f"the baseline run is incomplete ({baseline.get('reason') or 'no reason given'})"
     b_checks, c_checks = _check_ids(baseline), _check_ids(candidate)
     if b_checks != c_checks:
         only_b, only_c = sorted(b_checks - c_checks), sorted(c_checks - b_checks)

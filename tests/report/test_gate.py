@@ -91,7 +91,6 @@ def test_nan_in_the_candidate_is_a_regression(baseline: dict) -> None:
         (lambda r: r.update(examples=99), "different examples"),
         (lambda r: r["stack"]["model"].update(sha256="0" * 64), "different models"),
         (lambda r: r["checks"].pop(), "only the baseline ran"),
-        (lambda r: r.update(verdict="incomplete", reason="engine died"), "engine died"),
     ],
 )
 def test_incomparable_reports_exit_2_saying_why(baseline: dict, change, words: str) -> None:
@@ -100,6 +99,18 @@ def test_incomparable_reports_exit_2_saying_why(baseline: dict, change, words: s
     result = compare(baseline, candidate, max_regression={})
     assert result.exit_code == NOT_COMPARABLE
     assert words in result.reason and "\n" not in result.reason
+
+
+def test_incomplete_candidate_fails_and_incomplete_baseline_is_not_comparable(
+    baseline: dict,
+) -> None:
+    broken = copy.deepcopy(baseline)
+    broken.update(verdict="incomplete", reason="engine died mid-run")
+    broken["checks"].pop()
+    result = compare(baseline, broken, max_regression={})
+    assert result.exit_code == REGRESSED and "engine died mid-run" in result.reason
+    result = compare(broken, baseline, max_regression={})
+    assert result.exit_code == NOT_COMPARABLE and "baseline run is incomplete" in result.reason
 
 
 def test_bad_factors_are_usage_errors(baseline: dict) -> None:
