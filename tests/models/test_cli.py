@@ -1,0 +1,56 @@
+"""``tim-conformance make-model`` through its own parser and run function."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from pathlib import Path
+
+import pytest
+from safetensors.numpy import load_file
+
+from conformance.cli import make_model as command
+from conformance.errors import UsageError
+from conformance.models import inspect_model
+from conformance.models.cache import DEFAULT_MODEL
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="tim-conformance")
+    command.add_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["make-model", *argv])
+
+
+def test_writes_the_model_and_prints_its_stats(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = _parse(str(tmp_path / "tiny"), "--arch", "llama", "--seed", "3", "--layers", "1")
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    info = inspect_model(tmp_path / "tiny")
+    assert (info.arch, info.num_layers, info.vocab_size) == ("llama", 1, 384)
+    weights = load_file(tmp_path / "tiny" / "model.safetensors")
+    assert f"{sum(w.size for w in weights.values()):,} parameters" in out
+    assert str(tmp_path / "tiny") in out
+    max_prob, entropy, uniform = map(float, re.findall(r"\d+\.\d+", out.splitlines()[1]))
+    assert 0.3 <= max_prob <= 0.7
+    assert uniform == pytest.approx(math.log(384), abs=1e-3)
+    assert entropy < uniform / 2
+
+
+def test_without_options_it_makes_the_default_model() -> None:
+    args = vars(_parse("DIR"))
+    assert {name: args[name] for name in DEFAULT_MODEL} == DEFAULT_MODEL
+
+
+def test_rejects_an_unknown_arch(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _parse("DIR", "--arch", "gpt2")
+    assert "invalid choice: 'gpt2'" in capsys.readouterr().err
+
+
+def test_a_bad_hidden_size_is_a_usage_error(tmp_path: Path) -> None:
+    args = _parse(str(tmp_path / "tiny"), "--hidden", "80")
+    with pytest.raises(UsageError, match="multiple of the head size 32"):
+        args.func(args)
