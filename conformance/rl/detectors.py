@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 Row = Mapping[str, Any]
@@ -40,7 +40,9 @@ class Verdict:
     reason: str
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The summary form of issue 6: ``fired``, ``step``, ``reason`` (naming the signal)."""
+        reason = f"{self.signal}: {self.reason}" if self.signal else self.reason
+        return {"fired": self.fired, "step": self.step, "reason": reason}
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class MismatchRules:
     """Alarm thresholds (calibrated in docs/rl-detectors.md)."""
 
     #: std ρ above this is too high whatever the history (level vs the bf16 profile)
-    level_max: float = 0.1
+    level_max: float = 0.05
     #: growth: rolling median of std ρ above ``growth_factor`` × its early baseline …
     growth_factor: float = 3.0
     #: … and above this absolute floor (growth of fp32 rounding noise is not a mismatch)

@@ -20,6 +20,8 @@ SHORT_LENGTHS = (2, 8)
 LONG_LENGTHS = (128, 160)
 #: alphabet tokens beyond the longest answer, so start tokens vary
 ALPHABET_SLACK = 16
+#: the fewest extra tokens a response may run past the longest answer
+SURGE_ROOM = 18
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,10 @@ class CountingTask:
 
     @property
     def max_new_tokens(self) -> int:
-        """Room for a response three times the longest answer: a length surge stays visible."""
-        return 3 * (self.lengths[1] + 1)
+        """Room past the longest answer (EOS included) for a length surge to show: 18 tokens or
+        half the answer, whichever is more (short: 27 = 3×; long: 241, cheap enough on CPU)."""
+        longest = self.lengths[1] + 1
+        return longest + max(SURGE_ROOM, longest // 2)
 
     def problems(self, n: int, rng: random.Random) -> list[Problem]:
         out = []

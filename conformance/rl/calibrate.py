@@ -1,0 +1,220 @@
+"""The detectors' record: every rule on every scenario and seed, written as one markdown file.
+
+``python -m conformance.rl.calibrate --out docs/rl-detectors.md`` reruns the measured runs and
+regenerates the record (true / false positives, detection delay, margins of the healthy runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from conformance.rl.detectors import (
+    STD_RHO,
+    CollapseRules,
+    Firing,
+    MismatchRules,
+    collapse_firings,
+    mismatch_firings,
+    mismatch_value,
+    rolling_median,
+)
+from conformance.rl.loop import RunConfig, build_stack, run_smoke
+from conformance.rl.scenarios import Scenario
+from conformance.stack import StackSpec
+
+#: reward "actually dropped" at the first step t ≥ at whose next DROP_SPAN rewards average below
+#: DROP_FRACTION × the mean of the DROP_SPAN steps before ``at`` (hindsight, unlike the detector)
+DROP_SPAN = 5
+DROP_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class Case:
+    """A scenario on a stack, and what each verdict should say (None: not judged)."""
+
+    label: str
+    engine_dtype: str
+    scenario: Scenario
+    alarm_expected: bool | None
+    collapse_expected: bool | None
+
+
+def cases(steps: int) -> list[Case]:
+    mid = steps // 2
+    return [
+        Case("exact", "float32", Scenario("exact"), False, False),
+        Case("natural-fp32", "float32", Scenario("natural"), False, False),
+        Case("natural-bf16", "bfloat16", Scenario("natural"), False, False),
+        Case("unbiased", "float32", Scenario("unbiased"), False, None),
+        Case("biased", "float32", Scenario("biased"), None, None),
+        Case("inject", "float32", Scenario("inject", at=mid), True, None),
+        Case("lr-jump", "float32", Scenario("lr-jump", at=mid), None, True),
+    ]
+
+
+def reward_drop_step(rows: Sequence[dict[str, Any]], at: int) -> int | None:
+    """The hindsight reference for "the reward actually dropped" (see ``DROP_FRACTION``)."""
+    rewards = [float(r["reward"]) for r in rows]
+    before = rewards[max(0, at - DROP_SPAN) : at]
+    if not before:
+        return None
+    level = DROP_FRACTION * statistics.mean(before)
+    for t in range(at, len(rewards) - DROP_SPAN + 1):
+        if statistics.mean(rewards[t : t + DROP_SPAN]) < level:
+            return t
+    return None
+
+
+@dataclass
+class RunRecord:
+    case: Case
+    seed: int
+    alarm: list[Firing]
+    collapse: list[Firing]
+    drop_step: int | None
+    seconds: float
+    margins: dict[str, float]
+
+
+def margins(rows: Sequence[dict[str, Any]], rules: MismatchRules) -> dict[str, float]:
+    """How close a run came to each threshold: peaks of the smoothed signals."""
+    std = rolling_median([mismatch_value(r, STD_RHO) for r in rows], rules.window)
+    base = statistics.median(std[: rules.baseline_steps])
+    reward = rolling_median([float(r["reward"]) for r in rows], CollapseRules().window)
+    peak = [max(reward[: i + 1]) for i in range(len(reward))]
+    return {
+        "max std ρ": max(std),
+        "max growth": max(s / base for s in std[rules.baseline_steps :]) if base > 0 else 0.0,
+        "min PCC": min(mismatch_value(r, "pcc") for r in rows),
+        "max outside": max(float(r["rho_outside_frac"]) for r in rows),
+        "min reward/peak": min(r / p for r, p in zip(reward, peak, strict=True) if p > 0),
+    }
+
+
+def measure(case: Case, seed: int, steps: int, runs_dir: Path) -> RunRecord:
+    spec = replace(StackSpec(), engine_dtype=case.engine_dtype)
+    config = RunConfig(scenario=case.scenario, steps=steps, seed=seed)
+    out = runs_dir / f"{case.label}-s{seed}"
+    engine, backend = build_stack(spec)
+    started = time.perf_counter()
+    try:
+        run_smoke(engine, backend, config, out)
+    finally:
+        engine.close()
+        backend.close()
+    rows = [json.loads(line) for line in (out / "rl.jsonl").read_text().splitlines()]
+    return RunRecord(
+        case=case,
+        seed=seed,
+        alarm=mismatch_firings(rows, config.mismatch_rules),
+        collapse=collapse_firings(rows, config.collapse_rules),
+        drop_step=reward_drop_step(rows, case.scenario.at) if case.collapse_expected else None,
+        seconds=time.perf_counter() - started,
+        margins=margins(rows, config.mismatch_rules),
+    )
+
+
+def judge(firings: list[Firing], expected: bool | None, start: int | None) -> str:
+    """TP / FP / TN / FN for one verdict; a firing before ``start`` is a false positive."""
+    first = min((f.step for f in firings), default=None)
+    if expected is None:
+        return "—" if first is None else f"fired@{first}"
+    if first is None:
+        return "FN" if expected else "TN"
+    if not expected or (start is not None and first < start):
+        return f"FP@{first}"
+    return f"TP@{first}"
+
+
+def render(records: list[RunRecord], steps: int, seconds: float) -> str:
+    mrules, crules = MismatchRules(), CollapseRules()
+    lines = [
+        "# RL smoke detectors: the measured record",
+        "",
+        "Generated by `python -m conformance.rl.calibrate --out docs/rl-detectors.md` "
+        f"({len(records)} runs of {steps} steps, embedded model, hf-generate → hf, "
+        f"{seconds / 60:.1f} min). Do not edit by hand.",
+        "",
+        f"Mismatch rules: `{mrules}`.",
+        "",
+        f"Collapse rules: `{crules}`.",
+        "",
+        "Verdicts: TP/FP/TN/FN against the case's expectation (— and fired@ = not judged). "
+        "An alarm before `at` in `inject` is a false positive. For `lr-jump`, `drop` is the "
+        "hindsight step at which the reward actually fell (mean of the next "
+        f"{DROP_SPAN} rewards below {DROP_FRACTION:g}× the mean of the {DROP_SPAN} before `at`).",
+        "",
+        "| case | seed | at | alarm | alarm rules (step) | collapse | collapse rules (step) "
+        "| drop | lead | s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        at = r.case.scenario.at if r.case.scenario.name in ("inject", "lr-jump") else None
+        alarm_first = min((f.step for f in r.alarm), default=None)
+        crash_first = min((f.step for f in r.collapse), default=None)
+        lead = crash_first - alarm_first if None not in (alarm_first, crash_first) else None
+        lines.append(
+            f"| {r.case.label} | {r.seed} | {'' if at is None else at} "
+            f"| {judge(r.alarm, r.case.alarm_expected, at)} "
+            f"| {', '.join(f'{f.rule} ({f.step})' for f in r.alarm) or '—'} "
+            f"| {judge(r.collapse, r.case.collapse_expected, at)} "
+            f"| {', '.join(f'{f.rule} ({f.step})' for f in r.collapse) or '—'} "
+            f"| {'' if r.drop_step is None else r.drop_step} | {'' if lead is None else lead} "
+            f"| {r.seconds:.0f} |"
+        )
+    lines += ["", "## Margins: how close each run came to the thresholds", ""]
+    keys = list(records[0].margins)
+    lines.append("| case | seed | " + " | ".join(keys) + " |")
+    lines.append("|---|---|" + "---|" * len(keys))
+    for r in records:
+        values = " | ".join(f"{r.margins[k]:.3g}" for k in keys)
+        lines.append(f"| {r.case.label} | {r.seed} | {values} |")
+    lines += ["", "## Per rule: how often it fired, by case", ""]
+    rules = ["level", "growth", "pcc", "extremes", "reward", "entropy", "grad_norm", "length"]
+    labels = list(dict.fromkeys(r.case.label for r in records))
+    lines.append("| rule | " + " | ".join(labels) + " |")
+    lines.append("|---|" + "---|" * len(labels))
+    for rule in rules:
+        cells = []
+        for label in labels:
+            runs = [r for r in records if r.case.label == label]
+            fired = sum(any(f.rule == rule for f in r.alarm + r.collapse) for r in runs)
+            cells.append(f"{fired}/{len(runs)}")
+        lines.append(f"| {rule} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, required=True, help="markdown file to write")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--runs-dir", type=Path, default=None, help="keep the runs here")
+    parser.add_argument("--cases", nargs="+", default=None, help="labels to run (default: all)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="tim-rl-calibration-"))
+    chosen = [c for c in cases(args.steps) if args.cases is None or c.label in args.cases]
+    records = []
+    for case in chosen:
+        for seed in args.seeds:
+            records.append(measure(case, seed, args.steps, runs_dir))
+            print(f"{case.label} seed {seed}: {records[-1].seconds:.0f} s", flush=True)
+    args.out.write_text(render(records, args.steps, time.perf_counter() - started))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
