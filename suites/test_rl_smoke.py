@@ -1,0 +1,35 @@
+"""RL smoke run on the stack under test (opt-in: ``pytest suites -m rl``, ``certify --rl-smoke``).
+
+A short GRPO run on the session's stack definition — a fresh engine and backend built from it,
+since training changes their weights — with the natural (the stack's own) mismatch: neither the
+mismatch alarm nor the collapse detector may fire.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.rl
+
+#: long enough for the detectors' baselines and windows, short enough for a suite
+SUITE_STEPS = 40
+
+
+def _opted_in(config: pytest.Config) -> bool:
+    return "rl" in (config.getoption("markexpr", "") or "")
+
+
+def test_rl_smoke_natural(tim, tmp_path, request):
+    if not _opted_in(request.config):
+        pytest.skip("opt-in: run with -m rl (trains a copy of the stack for a few minutes)")
+    from conformance.rl.loop import RunConfig, build_stack, run_smoke
+
+    engine, backend = build_stack(tim.spec)
+    try:
+        summary = run_smoke(engine, backend, RunConfig(steps=SUITE_STEPS), tmp_path)
+    finally:
+        engine.close()
+        backend.close()
+    verdicts = summary.as_dict()
+    assert not summary.mismatch_alarm.fired, f"mismatch alarm: {verdicts['mismatch_alarm']}"
+    assert not summary.collapse.fired, f"collapse: {verdicts['collapse']}"
