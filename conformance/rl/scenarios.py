@@ -55,8 +55,9 @@ class Scenario:
         return DEFAULT_STRENGTH[self.name] if self.strength is None else self.strength
 
     def level(self, step: int) -> float:
-        """0 before ``at``, then rising linearly to 1 over ``ramp`` steps."""
-        if step < self.at:
+        """How much is injected: 0 before ``at`` (and always for ``exact`` and ``natural``),
+        then rising linearly to 1 over ``ramp`` steps."""
+        if step < self.at or self.name in ("exact", "natural"):
             return 0.0
         return min(1.0, (step - self.at + 1) / self.ramp)
 
