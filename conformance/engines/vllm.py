@@ -18,6 +18,9 @@ from conformance.engines import _vllm_common as common
 from conformance.engines.base import Completion, Engine, EngineConfig, SamplingSpec
 from conformance.errors import EngineCrashed, EngineUnavailable
 
+#: in-process engines not yet closed (vLLM's distributed state is shared between them)
+_OPEN: set[int] = set()
+
 
 class VLLMEngine(Engine):
     name = "vllm"
@@ -38,6 +41,7 @@ class VLLMEngine(Engine):
                 f"vllm cannot be imported ({exc})", common.INSTALL_HINT
             ) from exc
         self._llm: Any = LLM(**common.engine_args(config, self.options))
+        _OPEN.add(id(self))
         self._max_model_len: int = self._llm.llm_engine.model_config.max_model_len
 
     def _engine(self) -> Any:
@@ -112,11 +116,15 @@ class VLLMEngine(Engine):
     def load_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Copy a transformers-named state dict into the running model (RL weight sync).
 
-        The model's own ``load_weights`` maps checkpoint names onto vLLM's fused layers;
-        cached prefixes were computed with the old weights, so the prefix cache is reset.
+        vLLM's worker ``reload_weights`` maps checkpoint names onto its fused layers and redoes
+        the CPU kernels' weight repacking (a plain ``model.load_weights`` would write into
+        parameters already repacked away). The engine runs in this process, so the tensors
+        are passed by reference. Cached prefixes hold the old weights' keys and values.
         """
-        weights = list(state_dict.items())
-        self._engine().apply_model(lambda model: model.load_weights(iter(weights)))
+        self._engine().collective_rpc(
+            "reload_weights",
+            kwargs={"weights_iterator": iter(state_dict.items()), "is_checkpoint_format": True},
+        )
         self._engine().reset_prefix_cache()
 
     def knobs(self) -> dict[str, tuple[Any, ...]]:
@@ -142,7 +150,15 @@ class VLLMEngine(Engine):
         if getattr(self, "_llm", None) is None:
             return
         llm, self._llm = self._llm, None
-        llm.llm_engine.engine_core.shutdown()
-        del llm
+        _OPEN.discard(id(self))
+        core = llm.llm_engine.engine_core
+        if _OPEN:
+            # shutdown() also tears down vLLM's process-wide distributed state, which the
+            # engines still open here use: free this one's model and cache, leave the rest
+            core._finalizer.detach()
+            gc.unfreeze()
+        else:
+            core.shutdown()
+        del llm, core
         gc.collect()
         shutil.rmtree(self._root, ignore_errors=True)
