@@ -25,13 +25,20 @@ from conformance.report.svg import Frame, fmt, padded
 MAX_POINTS = 1500
 HIST_BINS = 40
 
-#: RL curve keys in display order with their titles; other numeric keys follow, titled as is
+#: RL curves drawn, in display order, with their titles. A key is read from the row itself or
+#: from a nested dict in it (the smoke run logs ``mismatch: {rho_std, pcc, ...}``); the rest of
+#: rl.jsonl stays in the file.
 RL_CURVES = {
     "reward": "reward",
     "rho_std": "mismatch (std ρ)",
     "entropy": "entropy",
     "grad_norm": "grad norm",
     "response_length": "response length",
+    "accuracy": "accuracy",
+    "pcc": "PCC π_train vs π_infer",
+    "rho_outside_frac": "fraction of ρ outside the clip",
+    "J": "J (objective surrogate, Eq. 23)",
+    "lr": "learning rate",
 }
 
 
@@ -107,18 +114,14 @@ def position_plot(samples: TokenSamples) -> Markup:
 def rl_plots(
     curves: Sequence[Mapping[str, object]], markers: Sequence[tuple[float, str, str]]
 ) -> list[Markup]:
-    """One small chart per numeric key of the RL log, vs ``step``, with (step, label, class)
-    markers — the mismatch alarm and the collapse step."""
-    keys = [k for k in RL_CURVES if any(k in row for row in curves)]
-    keys += sorted(
-        {k for row in curves for k, v in row.items() if _number(v)} - set(keys) - {"step"}
-    )
+    """One small chart per ``RL_CURVES`` key present in the RL log, vs ``step``, with
+    (step, label, class) markers — the mismatch alarm and the collapse step."""
     charts = []
-    for key in keys:
+    for key, title in RL_CURVES.items():
         pts = [
-            (float(row.get("step", i)), float(row[key]))  # type: ignore[arg-type]
+            (float(row.get("step", i)), value)
             for i, row in enumerate(curves)
-            if _number(row.get(key))
+            if (value := rl_value(row, key)) is not None
         ]
         if not pts:
             continue
@@ -126,7 +129,7 @@ def rl_plots(
         xs, ys = [pts[i][0] for i in keep], [pts[i][1] for i in keep]
         steps = [s for s, _, _ in markers]
         frame = Frame(
-            RL_CURVES.get(key, key),
+            title,
             padded(min(xs + steps), max(xs + steps)),
             padded(min(ys), max(ys)),
             "step",
@@ -136,6 +139,12 @@ def rl_plots(
             frame.vline(step, label, cls)
         charts.append(Markup(frame.render()))
     return charts
+
+
+def rl_value(row: Mapping[str, object], key: str) -> float | None:
+    """``row[key]``, or ``row[group][key]`` for a nested dict group; None when not a number."""
+    candidates = [row.get(key)] + [g.get(key) for g in row.values() if isinstance(g, Mapping)]
+    return next((float(v) for v in candidates if _number(v)), None)  # type: ignore[arg-type]
 
 
 def _number(v: object) -> bool:

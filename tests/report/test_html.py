@@ -127,10 +127,15 @@ def test_rl_section_marks_alarm_and_collapse_on_present_curves(bf16_report: dict
         "mismatch_alarm": {"fired": True, "step": 12, "reason": "rho_std rose 3x"},
         "collapse": {"fired": False, "step": None},
     }
-    curves = [{"step": s, "reward": s / 30, "rho_std": 1e-3 * 1.1**s} for s in range(30)]
+    # the smoke run nests the mismatch metrics of a step under "mismatch"
+    curves = [
+        {"step": s, "reward": s / 30, "seconds": 0.3, "mismatch": {"rho_std": 1e-3 * 1.1**s}}
+        for s in range(30)
+    ]
     page = render_html(report, rl_curves=curves)
     rl = page[page.index('id="rl"') :]
-    assert rl.count("<svg") == 2  # reward and mismatch only: absent keys draw nothing
+    # reward and mismatch only: absent keys and uncurated ones (seconds) draw nothing
+    assert re.findall(r"<title>([^<]*)</title>", rl) == ["reward", "mismatch (std ρ)"]
     assert rl.count("alarm @ 12") == 2 and "collapse @" not in rl
     assert "rho_std rose 3x" in rl
 
