@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
 from html.parser import HTMLParser
 
@@ -189,3 +190,14 @@ def test_report_package_does_not_import_torch() -> None:
     code = f"import sys, {modules}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_report_cli_writes_the_page_next_to_report_json(tmp_path, bf16_report: dict) -> None:
+    from conformance.cli import main
+
+    (tmp_path / "report.json").write_text(json.dumps(bf16_report))
+    assert main(["report", str(tmp_path / "report.json")]) == 0
+    assert "NOT CERTIFIED" in (tmp_path / "report.html").read_text()
+    assert main(["report", str(tmp_path / "report.json"), "-o", str(tmp_path / "x/r.html")]) == 0
+    assert (tmp_path / "x/r.html").is_file()
+    assert main(["report", str(tmp_path / "results.jsonl")]) == 2
