@@ -1,0 +1,66 @@
+"""``tim-conformance floor``: the softmax rounding floor of ρ (objective-level hacking Table 2)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+EPILOG = """examples:
+  tim-conformance floor --dtype bf16                  # Table 2: V 2048, S 1.5, 50 000 tokens
+  tim-conformance floor --dtype fp16 --vocab 151936 --tokens 2000 --seed 1 --json
+"""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "floor",
+        help="simulate the rounding floor of the ratio p_fp32 / p_low",
+        description="Simulate how far ρ = p_fp32 / p_low strays from 1 through softmax rounding "
+        "alone (objective-level hacking App. C.1, Table 2): fp32 logits ~ N(0, S²), softmax in "
+        "fp32 and in DTYPE, one token sampled per logit vector from the DTYPE distribution.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--dtype", required=True, help="the low precision: bf16 or fp16")
+    parser.add_argument("--vocab", type=int, default=2048, help="vocabulary size (Table 2: 2048)")
+    parser.add_argument(
+        "--logit-std", type=float, default=1.5, help="std S of the fp32 logits (Table 2: 1.5)"
+    )
+    parser.add_argument(
+        "--tokens", type=int, default=50_000, help="tokens to simulate (Table 2: 50000)"
+    )
+    parser.add_argument("--seed", type=int, default=1234, help="seed (Table 2: 1234 to 1238)")
+    parser.add_argument(
+        "--chunk-rows",
+        type=int,
+        default=4096,
+        help="tokens held in memory at once; results do not depend on it (default 4096)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from conformance.floor import simulate_floor
+
+    result = simulate_floor(
+        args.dtype,
+        args.vocab,
+        args.logit_std,
+        args.tokens,
+        args.seed,
+        chunk_rows=args.chunk_rows,
+    )
+    if args.json:
+        print(json.dumps(result.as_dict()))
+        return 0
+    print(
+        f"precision floor: {result.dtype} vs float32, vocab {result.vocab}, "
+        f"logit std {result.logit_std}, {result.tokens} tokens, seed {result.seed}"
+    )
+    print("ratio p_fp32/p_low of the sampled tokens:")
+    for key in ("ratio_mean", "ratio_std", "ratio_max", "ratio_min"):
+        print(f"  {key.removeprefix('ratio_'):<5} {getattr(result, key):.6f}")
+    print(f"KL(hist low ‖ hist fp32) {result.kl:.6f}   (Table 2's KL column; binning-dependent)")
+    print(f"token KL(p_low ‖ p_fp32) {result.token_kl:.3e}")
+    return 0
