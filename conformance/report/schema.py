@@ -12,7 +12,9 @@ from conformance.errors import UsageError
 SCHEMA = 1
 
 #: metrics whose profile threshold is a lower bound (higher is better); all others are upper
-#: bounds — the convention of the shipped tolerance profiles
+#: bounds. Mirrors ``conformance.profiles.LOWER_BOUNDS``, which cannot be imported here
+#: (profiles validates names against the metrics module, which needs torch); a test keeps
+#: the two equal.
 LOWER_BOUND_METRICS = frozenset({"pcc", "exact_match_rate", "rho_min"})
 
 

@@ -156,3 +156,20 @@ def test_gate_html_escapes_and_says_not_comparable(tmp_path, baseline: dict) -> 
     page = write_gate_html(compare(baseline, candidate, max_regression={}), tmp_path / "g.html")
     text = page.read_text()
     assert "NOT COMPARABLE" in text and "<script>" not in text and "&lt;script&gt;" in text
+
+
+def test_lower_bounds_match_the_profiles_module() -> None:
+    from conformance.profiles import LOWER_BOUNDS
+    from conformance.report.schema import LOWER_BOUND_METRICS
+
+    assert LOWER_BOUND_METRICS == LOWER_BOUNDS
+
+
+def test_profile_option_holds_the_candidate_to_a_shipped_profile(baseline: dict) -> None:
+    loose = make_report(torch.bfloat16, thresholds=BF16_THRESHOLDS)
+    factors = {m: 1e9 for m in loose["checks"][0]["metrics"]}  # isolate the profile verdict
+    assert compare(baseline, loose, max_regression=factors).exit_code == OK
+    result = compare(baseline, loose, profile="fp32", max_regression=factors)
+    assert result.exit_code == REGRESSED and result.profile == "fp32"
+    assert any("abs_diff_max" in line for line in result.violations)
+    assert compare(baseline, baseline, profile="fp32", max_regression={}).exit_code == OK
