@@ -28,7 +28,7 @@ DEFAULT_STRENGTH = {
     "biased": 2.0,
     "unbiased": 0.2,
     "inject": 0.05,
-    "lr-jump": 30.0,
+    "lr-jump": 100.0,
 }
 SCENARIOS = tuple(DEFAULT_STRENGTH)
 

@@ -76,7 +76,7 @@ def test_injected_mismatch_is_alarmed_within_a_few_steps(tmp_path, seed):
 def test_lr_jump_collapse_is_detected_when_the_reward_drops(tmp_path, seed):
     at = 8
     summary, rows = smoke(tmp_path, Scenario("lr-jump", at=at), seed, steps=at + 22)
-    assert rows[at]["lr"] == pytest.approx(30 * rows[at - 1]["lr"])
+    assert rows[at]["lr"] == pytest.approx(Scenario("lr-jump").size * rows[at - 1]["lr"])
     drop = reward_drop_step(rows, at)
     assert drop is not None, [round(r["reward"], 3) for r in rows]
     verdict = summary.collapse
