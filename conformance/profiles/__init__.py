@@ -1,0 +1,115 @@
+"""Tolerance profiles: one threshold per mismatch metric, shipped as TOML in this package.
+
+A profile file is a flat table ``metric = threshold`` (plus an optional ``description``).
+Metric names are those of ``conformance.metrics.METRIC_NAMES``. A threshold is an upper
+bound, except for the metrics in ``LOWER_BOUNDS`` (higher is better there).
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from conformance.errors import ProfileError
+from conformance.metrics import METRIC_NAMES
+
+#: metrics whose threshold is a lower bound; every other threshold is an upper bound
+LOWER_BOUNDS = frozenset({"pcc", "exact_match_rate", "rho_min"})
+
+_HERE = Path(__file__).parent
+_META_KEYS = frozenset({"description"})
+
+
+@dataclass
+class Violation:
+    """One metric on the wrong side of its threshold."""
+
+    metric: str
+    value: float
+    threshold: float
+    bound: Literal["max", "min"]
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    source: Path
+    thresholds: dict[str, float]
+    description: str = ""
+
+    def check(self, metrics: Mapping[str, float]) -> list[Violation]:
+        """Violations among the metrics both measured and bounded; NaN always violates."""
+        violations = []
+        for metric, threshold in self.thresholds.items():
+            if metric not in metrics:
+                continue
+            value = float(metrics[metric])
+            bound = bound_of(metric)
+            ok = value >= threshold if bound == "min" else value <= threshold
+            if not ok:  # also catches NaN, for which every comparison is False
+                violations.append(Violation(metric, value, threshold, bound))
+        return violations
+
+
+def bound_of(metric: str) -> Literal["max", "min"]:
+    """``"min"`` if the metric's threshold is a lower bound, else ``"max"``."""
+    return "min" if metric in LOWER_BOUNDS else "max"
+
+
+def available_profiles() -> list[str]:
+    """Names of the profiles shipped with the package."""
+    return sorted(p.stem for p in _HERE.glob("*.toml"))
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """A shipped profile by name (``exact``, ``fp32``, ``bf16``, ``fp16``) or a TOML file path.
+
+    Raises:
+        ProfileError: unknown name, missing or malformed file, unknown metric, bad threshold.
+    """
+    path = _resolve(name_or_path)
+    try:
+        table = tomllib.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        raise ProfileError(
+            f"profile file {path} not found", "pass an existing .toml file or a profile name"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"cannot read profile {path}: {exc}", "pass a readable file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(
+            f"profile {path} is not valid TOML ({exc})", "fix the syntax: lines of metric = number"
+        ) from None
+    description = table.pop("description", "")
+    unknown = sorted(set(table) - set(METRIC_NAMES) - _META_KEYS)
+    if unknown:
+        raise ProfileError(
+            f"profile {path} names unknown metric(s) {', '.join(unknown)}",
+            f"use metric names from: {', '.join(METRIC_NAMES)}",
+        )
+    thresholds = {}
+    for metric, value in table.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+            raise ProfileError(
+                f"profile {path}: {metric} = {value!r} is not a number",
+                f"write a number, e.g. {metric} = 1e-5",
+            )
+        thresholds[metric] = float(value)
+    return Profile(name=path.stem, source=path, thresholds=thresholds, description=description)
+
+
+def _resolve(name_or_path: str | Path) -> Path:
+    text = str(name_or_path)
+    if isinstance(name_or_path, Path) or text.endswith(".toml") or "/" in text or "\\" in text:
+        return Path(name_or_path)
+    shipped = _HERE / f"{text}.toml"
+    if not shipped.is_file():
+        raise ProfileError(
+            f"unknown profile {text!r}",
+            f"use one of {', '.join(available_profiles())} or a path to a .toml file",
+        )
+    return shipped

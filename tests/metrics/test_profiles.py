@@ -1,0 +1,155 @@
+"""Tolerance profiles: loading, every error, check direction, and the calibration holding."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+import torch
+
+from conformance.errors import ProfileError
+from conformance.metrics import METRIC_NAMES, mismatch_metrics, stack_ragged
+from conformance.profiles import LOWER_BOUNDS, available_profiles, bound_of, load_profile
+
+SHIPPED = ("bf16", "exact", "fp16", "fp32")
+
+
+def test_the_four_profiles_ship_with_one_sourced_threshold_per_metric() -> None:
+    assert available_profiles() == list(SHIPPED)
+    for name in SHIPPED:
+        profile = load_profile(name)
+        assert profile.name == name and profile.source.is_file()
+        assert set(profile.thresholds) == set(METRIC_NAMES)
+        for line in profile.source.read_text().splitlines():
+            if line.split("=")[0].strip() in METRIC_NAMES:
+                assert "#" in line, f"{name}: threshold without a source comment: {line}"
+
+
+def test_profiles_tighten_with_precision() -> None:
+    """exact ⊂ fp32 ⊂ fp16 ⊂ bf16: every bound loosens (or stays) from one to the next."""
+    chain = [load_profile(n).thresholds for n in ("exact", "fp32", "fp16", "bf16")]
+    for tighter, looser in itertools.pairwise(chain):
+        for metric in METRIC_NAMES:
+            if bound_of(metric) == "min":
+                assert looser[metric] <= tighter[metric], metric
+            else:
+                assert looser[metric] >= tighter[metric], metric
+
+
+def test_direction_is_lower_bound_only_for_pcc_exact_match_and_rho_min() -> None:
+    assert frozenset({"pcc", "exact_match_rate", "rho_min"}) == LOWER_BOUNDS
+    profile = load_profile("fp32")
+    for metric, threshold in profile.thresholds.items():
+        step = max(abs(threshold), 1e-12) * 1e-3
+        worse = threshold - step if metric in LOWER_BOUNDS else threshold + step
+        better = threshold + step if metric in LOWER_BOUNDS else threshold - step
+        (violation,) = profile.check({metric: worse})
+        assert (violation.metric, violation.value, violation.threshold) == (
+            metric,
+            worse,
+            threshold,
+        )
+        assert violation.bound == ("min" if metric in LOWER_BOUNDS else "max")
+        assert profile.check({metric: better}) == []
+        assert profile.check({metric: threshold}) == []  # the bound itself passes
+
+
+def test_nan_always_violates_and_unmeasured_metrics_are_skipped() -> None:
+    profile = load_profile("bf16")
+    assert [v.metric for v in profile.check({"pcc": math.nan, "rho_std": math.nan})] == [
+        "rho_std",
+        "pcc",
+    ]
+    assert profile.check({}) == []
+    assert profile.check({"not_a_metric": 1e9}) == []
+
+
+def test_exact_profile_is_bitwise() -> None:
+    lp = torch.log_softmax(torch.randn(3, 20, generator=torch.Generator().manual_seed(0)), -1)
+    mask = torch.ones_like(lp, dtype=torch.bool)
+    exact = load_profile("exact")
+    assert exact.check(mismatch_metrics(lp, lp.clone(), mask)) == []
+    off_by_one_ulp = lp.clone()
+    off_by_one_ulp[1, 7] = torch.nextafter(lp[1, 7], torch.tensor(0.0))
+    violated = {v.metric for v in exact.check(mismatch_metrics(lp, off_by_one_ulp, mask))}
+    assert {"abs_diff_max", "exact_match_rate"} <= violated
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+def test_unknown_name_lists_the_available_profiles() -> None:
+    with pytest.raises(ProfileError, match=r"unknown profile 'fp8'.*bf16, exact, fp16, fp32"):
+        load_profile("fp8")
+
+
+def test_missing_file(tmp_path) -> None:
+    with pytest.raises(ProfileError, match="not found"):
+        load_profile(tmp_path / "nope.toml")
+
+
+def test_malformed_toml_carries_the_parse_message(tmp_path) -> None:
+    path = tmp_path / "broken.toml"
+    path.write_text("abs_diff_max = = 1\n")
+    with pytest.raises(ProfileError, match=r"not valid TOML \(.*line 1"):
+        load_profile(path)
+
+
+def test_unknown_metric_lists_the_valid_names(tmp_path) -> None:
+    path = tmp_path / "typo.toml"
+    path.write_text("abs_diff_maxx = 1e-5\n")
+    with pytest.raises(ProfileError, match=r"abs_diff_maxx.*abs_diff_mean, abs_diff_p99"):
+        load_profile(path)
+
+
+@pytest.mark.parametrize("value", ['"1e-5"', "true", "nan", "[1.0]"])
+def test_non_numeric_threshold(tmp_path, value: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(f"rho_std = {value}\n")
+    with pytest.raises(ProfileError, match=r"rho_std = .* is not a number"):
+        load_profile(path)
+
+
+def test_a_user_file_loads_by_path(tmp_path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text('description = "loose"\nabs_diff_max = 1\npcc = 0.5\n')
+    profile = load_profile(str(path))
+    assert (profile.name, profile.thresholds) == ("mine", {"abs_diff_max": 1.0, "pcc": 0.5})
+    assert profile.description == "loose"
+
+
+# --- the calibration on the real reference stack --------------------------------------------
+
+
+def _engine_vs_trainer(model, engine_dtype: str, seed: int) -> dict[str, float]:
+    from conformance.backends import BACKENDS, BackendConfig
+    from conformance.engines import ENGINES, EngineConfig, SamplingSpec
+    from conformance.models import inspect_model
+    from conformance.suite_support import generated_rows
+
+    info = inspect_model(model)
+    ids = [i for i in range(info.vocab_size) if i not in set(info.special_token_ids)]
+    rng = random.Random(100 + seed)  # prompts the calibration did not see
+    prompts = [[rng.choice(ids) for _ in range(rng.randint(1, 24))] for _ in range(8)]
+    engine = ENGINES.get("hf-generate")(EngineConfig(model=model, dtype=engine_dtype))
+    completions = engine.generate(prompts, SamplingSpec(max_new_tokens=32, seed=100 + seed))
+    backend = BACKENDS.get("hf")(BackendConfig(model=model))
+    recomputed = backend.recompute([c.sequence for c in completions]).logprobs
+    lp_train, lp_infer, _ = generated_rows(completions, recomputed)
+    train, mask = stack_ragged(lp_train)
+    infer, _ = stack_ragged(lp_infer)
+    return mismatch_metrics(train, infer, mask)
+
+
+def test_calibration_fp32_passes_fp32_and_bf16_fails_it(default_model) -> None:
+    fp32, bf16 = load_profile("fp32"), load_profile("bf16")
+    fp32_stack = _engine_vs_trainer(default_model, "float32", seed=0)
+    bf16_stack = _engine_vs_trainer(default_model, "bfloat16", seed=0)
+    assert fp32.check(fp32_stack) == []
+    assert bf16.check(bf16_stack) == []
+    failed = {v.metric for v in fp32.check(bf16_stack)}
+    # clearly: bf16 breaks the fp32 bound on nearly every metric, by orders of magnitude
+    assert len(failed) >= len(METRIC_NAMES) - 3
+    assert bf16_stack["abs_diff_mean"] > 100 * fp32.thresholds["abs_diff_mean"]
