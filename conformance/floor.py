@@ -44,6 +44,8 @@ RNG_BLOCK = 256
 KL_BINS = 512
 #: Krichevsky–Trofimov pseudo-count: keeps the histogram KL finite where a bin is empty
 _PSEUDO_COUNT = 0.5
+#: the range ``logit_std_for_entropy`` searches
+_MIN_LOGIT_STD, _MAX_LOGIT_STD = 1e-3, 64.0
 _LOW_PRECISION = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -130,6 +132,50 @@ def simulate_floor(
         tokens=tokens,
         seed=seed,
     )
+
+
+def logit_std_for_entropy(vocab: int, entropy: float, *, seed: int = 0) -> float:
+    """The logit std ``S`` at which softmax(N(0, S²) logits over ``vocab``) has this mean entropy.
+
+    The floor grows with the spread of the logits, so to compare a model with the simulation,
+    match the simulated spread to the model's measured mean next-token entropy (nats). Solved
+    by bisection on one fixed seeded sample of standard-normal logit vectors, scaled by ``S``:
+    the sample's mean entropy is then a deterministic, decreasing function of ``S`` (``log V``
+    at ``S = 0``). Entropies at or above ``log V`` give the smallest ``S`` searched, entropies
+    below the sample's at ``S = 64`` give 64.
+
+    Example:
+        >>> round(logit_std_for_entropy(2048, mean_entropy(2048, 1.5)), 3)
+        1.5
+    """
+    if vocab < 2:
+        raise UsageError(f"vocab={vocab}", "use vocab >= 2")
+    if not (math.isfinite(entropy) and entropy > 0):
+        raise UsageError(f"entropy={entropy}", "pass a finite mean entropy > 0 (nats)")
+    z = _standard_logits(vocab, seed)
+    lo, hi = _MIN_LOGIT_STD, _MAX_LOGIT_STD
+    for _ in range(40):  # (64 − 0.001) / 2⁴⁰ ≈ 6e-11
+        mid = 0.5 * (lo + hi)
+        if _mean_entropy(z, mid) > entropy:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def mean_entropy(vocab: int, logit_std: float, *, seed: int = 0) -> float:
+    """Mean entropy (nats) of softmax over ``vocab`` of N(0, logit_std²) logits (seeded sample)."""
+    return _mean_entropy(_standard_logits(vocab, seed), logit_std)
+
+
+def _standard_logits(vocab: int, seed: int) -> torch.Tensor:
+    rows = max(8, min(256, (1 << 21) // vocab))  # ≤ 16 MiB of float64 logits
+    return torch.randn(rows, vocab, generator=_block_generator(seed, -1), dtype=torch.float64)
+
+
+def _mean_entropy(z: torch.Tensor, logit_std: float) -> float:
+    log_p = torch.log_softmax(z * logit_std, dim=-1)
+    return float(-(log_p.exp() * log_p).sum(dim=-1).mean())
 
 
 def _low_precision(dtype: str) -> torch.dtype:

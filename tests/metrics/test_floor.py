@@ -11,7 +11,7 @@ import pytest
 from conformance import floor
 from conformance.cli import main
 from conformance.errors import UsageError
-from conformance.floor import simulate_floor
+from conformance.floor import logit_std_for_entropy, mean_entropy, simulate_floor
 
 #: Table 2 (bf16, vocab 2048, logit std 1.5, 50 000 tokens): per seed (max, min)
 TABLE_2 = {1234: (1.0190, 0.9808), 1237: (1.0189, 0.9815)}
@@ -92,3 +92,24 @@ def test_cli_text_output_and_errors(capsys) -> None:
     assert "float16 vs float32" in out and "std" in out
     assert main(["floor", "--dtype", "fp32"]) == 2
     assert "use bf16 or fp16" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("vocab", "logit_std"), [(384, 0.7), (384, 3.0), (2048, 1.5)])
+def test_logit_std_for_entropy_inverts_mean_entropy(vocab: int, logit_std: float) -> None:
+    entropy = mean_entropy(vocab, logit_std, seed=4)
+    assert 0 < entropy < math.log(vocab)
+    assert logit_std_for_entropy(vocab, entropy, seed=4) == pytest.approx(logit_std, rel=1e-6)
+
+
+def test_mean_entropy_falls_as_logits_spread() -> None:
+    entropies = [mean_entropy(384, s) for s in (0.001, 0.5, 1.0, 2.0, 4.0)]
+    assert entropies == sorted(entropies, reverse=True)
+    assert entropies[0] == pytest.approx(math.log(384), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("vocab", "entropy", "message"), [(1, 1.0, "vocab=1"), (64, 0.0, "entropy")]
+)
+def test_logit_std_for_entropy_rejects_bad_arguments(vocab: int, entropy: float, message: str):
+    with pytest.raises(UsageError, match=message):
+        logit_std_for_entropy(vocab, entropy)
