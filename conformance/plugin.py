@@ -68,7 +68,7 @@ def activate(config: pytest.Config) -> HarnessSession:
     """Build the session (idempotent). Suites' conftest calls this so they run with no flags."""
     if SESSION_KEY in config.stash:
         return config.stash[SESSION_KEY]
-    from hypothesis import core, settings
+    from hypothesis import Phase, core, settings
 
     from conformance.errors import ConformanceError
     from conformance.session import HarnessSession, new_seed
@@ -96,7 +96,10 @@ def activate(config: pytest.Config) -> HarnessSession:
     explicit_examples = any("examples" in t for t in (_ini_values(config), table)) or (
         config.getoption("tim_examples") is not None
     )
-    overrides: dict[str, Any] = {"deadline": None}
+    # engines are slow and jittery (no deadline); the explain phase re-runs failing examples
+    # many times for a hint the recorded minimal case already gives
+    phases = tuple(p for p in settings().phases if p is not Phase.explain)
+    overrides: dict[str, Any] = {"deadline": None, "phases": phases}
     if explicit_examples or not config.getoption("hypothesis_profile", None):
         overrides["max_examples"] = spec.examples
     settings.register_profile("tim-conformance", parent=settings(), **overrides)
@@ -149,14 +152,7 @@ def profile(tim: HarnessSession) -> Any:
 @pytest.fixture(scope="session")
 def engine(tim: HarnessSession) -> Any:
     """The engine under test, started once per session and closed at its end."""
-    from conformance.errors import EngineCrashed
-
-    if tim.crash is not None:
-        pytest.skip(f"engine crashed earlier: {tim.crash}")
-    try:
-        return tim.engine
-    except EngineCrashed as exc:
-        pytest.skip(str(exc))
+    return tim.engine
 
 
 @pytest.fixture(scope="session")
@@ -165,12 +161,17 @@ def backend(tim: HarnessSession) -> Any:
     return tim.backend
 
 
-@pytest.fixture
-def recorder(tim: HarnessSession, request: pytest.FixtureRequest) -> Iterator[Any]:
-    """Records this test's measurements into the session's results."""
-    if tim.crash is not None:
-        pytest.skip(f"engine crashed earlier: {tim.crash}")
-    yield tim.recorder
+@pytest.fixture(scope="session")
+def recorder(tim: HarnessSession) -> Any:
+    """Records the running test's measurements into the session's results (session-scoped, so
+    Hypothesis examples share it; the plugin points it at the test being run)."""
+    return tim.recorder
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    harness = item.config.stash.get(SESSION_KEY, None)
+    if harness is not None and harness.crash and "engine" in getattr(item, "fixturenames", ()):
+        pytest.skip(f"engine crashed earlier: {harness.crash}")
 
 
 # -- hooks: turn each test using the recorder into a check ---------------------------------
@@ -189,6 +190,17 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
 
 
 _RECORD_KEY = pytest.StashKey[Any]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    result = yield
+    record = item.stash.get(_RECORD_KEY, None)
+    if record is not None and record.examples_run:
+        item.config.stash[SESSION_KEY].recorder.check_pooled()
+    return result
+
+
 _STATUS_KEY = pytest.StashKey[tuple[str, str]]()
 
 

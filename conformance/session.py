@@ -22,6 +22,9 @@ from conformance.stack import StackSpec, fingerprint
 
 #: token-level points kept per check for the report's plots; the rest stay in results.jsonl
 MAX_SAMPLES = 2000
+#: statistics of a token population, meaningless on one short example (a single token has no
+#: correlation): checked on all of a test's tokens pooled, after its last example
+POPULATION_METRICS = frozenset({"pcc"})
 
 
 @dataclass
@@ -39,6 +42,17 @@ class CheckRecord:
     failing_case: dict[str, Any] | None = None
     failing_metrics: dict[str, float] | None = None
     examples_run: int = 0
+
+    def pooled(self) -> dict[str, float]:
+        """Mismatch metrics over every token measured so far, plus notes."""
+        from conformance.metrics import mismatch_metrics, stack_ragged
+
+        metrics: dict[str, float] = {}
+        if self.lp_train:
+            train, mask = stack_ragged(self.lp_train)
+            infer, _ = stack_ragged(self.lp_infer)
+            metrics = mismatch_metrics(train, infer, mask)
+        return {**metrics, **self.extra}
 
 
 class Recorder:
@@ -89,14 +103,31 @@ class Recorder:
         self._session.log(event="note", nodeid=record.nodeid, values=values)
 
     def check_profile(self, metrics: dict[str, float], case: dict[str, Any]) -> None:
-        """Assert the active profile; the failure names metric, value, threshold, case, replay."""
-        violations = self._session.profile.check(metrics)
+        """Assert the active profile on one example (population metrics are checked pooled);
+        the failure names metric, value, threshold, case and replay command."""
+        per_example = {k: v for k, v in metrics.items() if k not in POPULATION_METRICS}
+        violations = self._session.profile.check(per_example)
         if violations:
             headline = "; ".join(
                 f"{v.metric} = {v.value:.3g} {'>' if v.bound == 'max' else '<'} {v.threshold:.3g}"
                 for v in violations
             )
             self.fail(f"{headline} (profile {self._session.profile.name})", case, metrics)
+
+    def check_pooled(self) -> None:
+        """Assert the profile's population metrics over every token the test measured."""
+        record = self._require_check()
+        pooled = record.pooled()
+        checked = {k: v for k, v in pooled.items() if k in POPULATION_METRICS}
+        violations = self._session.profile.check(checked)
+        if violations:
+            v = violations[0]
+            replay = self._session.replay_command(record.nodeid)
+            raise AssertionError(
+                f"{record.suite}: {v.metric} = {v.value:.6g} < {v.threshold:.6g} over all "
+                f"{record.examples_run} examples pooled (profile {self._session.profile.name})"
+                f"\n  replay: {replay}"
+            )
 
     def fail(self, headline: str, case: dict[str, Any], metrics: dict[str, float]) -> None:
         """Fail the current example with a message that carries its minimal reproducer."""
@@ -197,14 +228,7 @@ class HarnessSession:
             self.recorder.current = None
 
     def finish_check(self, record: CheckRecord, status: str, message: str) -> dict[str, Any]:
-        from conformance.metrics import mismatch_metrics, stack_ragged
-
-        metrics: dict[str, float] = {}
-        if record.lp_train:
-            train, mask = stack_ragged(record.lp_train)
-            infer, _ = stack_ragged(record.lp_infer)
-            metrics = mismatch_metrics(train, infer, mask)
-        metrics.update(record.extra)
+        metrics = record.pooled()
         case = record.failing_case or (record.worst[1] if record.worst else None)
         entry = {
             "suite": record.suite,

@@ -1,0 +1,54 @@
+"""Precision floor.
+
+A low-precision stack cannot agree with an fp32 one better than rounding alone allows: the
+simulated floor of objective-level-hacking App. C.1 (softmax of Gaussian logits in fp32 vs in
+bf16/fp16, Table 2) bounds the std of ρ from below. A measured mismatch far *below* the floor for
+the model's vocabulary and logit spread means the measurement is broken — e.g. the engine does
+not really run at the precision it claims, or both sides read the same cached numbers.
+"""
+
+import pytest
+import torch
+
+from conformance.engines import SamplingSpec
+from conformance.floor import logit_std_for_entropy, simulate_floor
+from conformance.suite_support import case, generated_rows
+
+#: measured std ρ below this fraction of the simulated floor is flagged; rounding of the whole
+#: forward pass only adds to the softmax's, so a sound measurement sits at or above the floor
+FLOOR_FRACTION = 0.5
+PROMPTS, PROMPT_LEN, NEW_TOKENS = 16, 8, 32
+
+
+def _low_precision(tim):
+    dtypes = {tim.spec.engine_dtype, tim.spec.backend_dtype}
+    if dtypes == {"float32"}:
+        pytest.skip("both sides run in float32: there is no rounding floor to compare with")
+    return "bf16" if "bfloat16" in dtypes else "fp16"
+
+
+def test_mismatch_is_not_below_the_rounding_floor(engine, backend, model, recorder, tim):
+    dtype = _low_precision(tim)
+    generator = torch.Generator().manual_seed(tim.seed)
+    prompts = torch.randint(0, model.vocab_size, (PROMPTS, PROMPT_LEN), generator=generator)
+    spec = SamplingSpec(max_new_tokens=NEW_TOKENS, seed=tim.seed % 2**31)
+
+    completions = engine.generate(prompts.tolist(), spec)
+    recomputed = backend.recompute([c.sequence for c in completions])
+    lp_train, lp_infer, positions = generated_rows(completions, recomputed.logprobs)
+    example = case(prompts.tolist(), sampling=spec)
+    metrics = recorder.measure(lp_train, lp_infer, case=example, positions=positions)
+
+    entropy = float(torch.cat(recomputed.entropy).mean())
+    logit_std = logit_std_for_entropy(model.vocab_size, entropy, seed=tim.seed)
+    floor = simulate_floor(dtype, model.vocab_size, logit_std, tokens=20_000, seed=tim.seed)
+    recorder.note(floor_ratio_std=floor.ratio_std, floor_logit_std=logit_std)
+    if metrics["rho_std"] < FLOOR_FRACTION * floor.ratio_std:
+        recorder.fail(
+            f"measured std ρ {metrics['rho_std']:.3g} is below the {dtype} rounding floor "
+            f"{floor.ratio_std:.3g} (vocab {model.vocab_size}, logit std {logit_std:.2f}): the "
+            "measurement is broken — check that the engine really runs in "
+            f"{tim.spec.engine_dtype} and the backend in {tim.spec.backend_dtype}",
+            example,
+            metrics,
+        )
