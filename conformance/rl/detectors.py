@@ -74,7 +74,8 @@ class CollapseRules:
     min_peak: float = 0.1
     #: rolling entropy above ``entropy_factor`` × baseline
     entropy_factor: float = 3.0
-    #: grad norm above ``grad_factor`` × the median of all earlier steps
+    #: rolling grad norm above ``grad_factor`` × the median of all earlier steps (smoothed and
+    #: sustained like the others: single 40× spikes occur in healthy long-answer runs)
     grad_factor: float = 10.0
     #: rolling response length above ``length_factor`` × baseline (lr-scheduling §3.3: "triple")
     length_factor: float = 2.0
@@ -172,6 +173,7 @@ def collapse_firings(rows: Sequence[Row], rules: CollapseRules = CollapseRules()
     len_smooth = rolling_median(length, rules.window)
     ent_base = _baseline(entropy, rules.baseline_steps)
     len_base = _baseline(length, rules.baseline_steps)
+    grad_smooth = rolling_median(grad, rules.window)
     grad_ref = [
         statistics.median(grad[:i]) if i >= rules.baseline_steps else math.inf
         for i in range(len(grad))
@@ -203,9 +205,12 @@ def collapse_firings(rows: Sequence[Row], rules: CollapseRules = CollapseRules()
             rows,
             "grad_norm",
             first_sustained(
-                [g > rules.grad_factor * m for g, m in zip(grad, grad_ref, strict=True)], 1
+                [g > rules.grad_factor * m for g, m in zip(grad_smooth, grad_ref, strict=True)],
+                rules.persist,
             ),
-            lambda i: f"grad norm {grad[i]:.3g} > {rules.grad_factor:g}× median {grad_ref[i]:.3g}",
+            lambda i: (
+                f"grad norm {grad_smooth[i]:.3g} > {rules.grad_factor:g}× median {grad_ref[i]:.3g}"
+            ),
         ),
         _firing(
             rows,

@@ -99,8 +99,14 @@ def test_a_run_that_never_learned_cannot_collapse():
 
 def test_grad_spike_entropy_and_length_rules():
     rules = CollapseRules()
-    spike = _rows(30, grad_norm=lambda i: 50.0 if i == 20 else 1.5)
-    assert (collapse(spike).signal, collapse(spike).step) == ("grad_norm", 20)
+    spike = _rows(30, grad_norm=lambda i: 50.0 if i in (20, 22) else 1.5)
+    assert not collapse(spike).fired  # isolated spikes, as in healthy long-answer runs
+    surge = _rows(30, grad_norm=lambda i: 50.0 if i >= 20 else 1.5)
+    # window-5 median high from step 22 (three of five), confirmed `persist` − 1 later
+    assert (collapse(surge).signal, collapse(surge).step) == (
+        "grad_norm",
+        20 + rules.window // 2 + rules.persist - 1,
+    )
     hot = _rows(30, entropy=lambda i: 0.2 if i < 10 else 0.2 * rules.entropy_factor * 2)
     assert collapse(hot).signal == "entropy"
     long = _rows(30, length=lambda i: 6.0 if i < 10 else 6.0 * rules.length_factor * 2)
