@@ -22,9 +22,13 @@ from conformance.stack import StackSpec, fingerprint
 
 #: token-level points kept per check for the report's plots; the rest stay in results.jsonl
 MAX_SAMPLES = 2000
-#: statistics of a token population, meaningless on one short example (a single token has no
-#: correlation): checked on all of a test's tokens pooled, after its last example
-POPULATION_METRICS = frozenset({"pcc"})
+#: bounds on single tokens and single sequences: checked on every example, so Hypothesis can
+#: shrink a violation to a minimal reproducer. The other metrics are averages, spreads,
+#: correlations and KLs of a token *population* — one token's ρ is not a mean ρ — so they are
+#: checked on all of a test's tokens pooled, after its last example.
+PER_EXAMPLE_METRICS = frozenset(
+    {"abs_diff_max", "prob_diff_max", "rho_max", "rho_min", "seq_log_ratio_abs_max"}
+)
 
 
 @dataclass
@@ -103,30 +107,28 @@ class Recorder:
         self._session.log(event="note", nodeid=record.nodeid, values=values)
 
     def check_profile(self, metrics: dict[str, float], case: dict[str, Any]) -> None:
-        """Assert the active profile on one example (population metrics are checked pooled);
-        the failure names metric, value, threshold, case and replay command."""
-        per_example = {k: v for k, v in metrics.items() if k not in POPULATION_METRICS}
+        """Assert the profile's per-token/per-sequence bounds on one example; the failure names
+        metric, value, threshold, case and replay command."""
+        per_example = {k: v for k, v in metrics.items() if k in PER_EXAMPLE_METRICS}
         violations = self._session.profile.check(per_example)
         if violations:
-            headline = "; ".join(
-                f"{v.metric} = {v.value:.3g} {'>' if v.bound == 'max' else '<'} {v.threshold:.3g}"
-                for v in violations
+            self.fail(
+                f"{_describe(violations)} (profile {self._session.profile.name})", case, metrics
             )
-            self.fail(f"{headline} (profile {self._session.profile.name})", case, metrics)
 
     def check_pooled(self) -> None:
         """Assert the profile's population metrics over every token the test measured."""
         record = self._require_check()
         pooled = record.pooled()
-        checked = {k: v for k, v in pooled.items() if k in POPULATION_METRICS}
-        violations = self._session.profile.check(checked)
-        if violations:
-            v = violations[0]
-            replay = self._session.replay_command(record.nodeid)
-            raise AssertionError(
-                f"{record.suite}: {v.metric} = {v.value:.6g} < {v.threshold:.6g} over all "
-                f"{record.examples_run} examples pooled (profile {self._session.profile.name})"
-                f"\n  replay: {replay}"
+        violations = self._session.profile.check(
+            {k: v for k, v in pooled.items() if k not in PER_EXAMPLE_METRICS}
+        )
+        if violations and record.worst is not None:
+            self.fail(
+                f"{_describe(violations)} over all {record.examples_run} examples pooled "
+                f"(profile {self._session.profile.name}); worst example below",
+                record.worst[1],
+                record.worst[2],
             )
 
     def fail(self, headline: str, case: dict[str, Any], metrics: dict[str, float]) -> None:
@@ -300,6 +302,13 @@ class HarnessSession:
             path = self.report_dir / "report.json"
             path.write_text(json.dumps(report, indent=1, default=str) + "\n")
         return report
+
+
+def _describe(violations: Sequence[Any]) -> str:
+    return "; ".join(
+        f"{v.metric} = {v.value:.4g} {'>' if v.bound == 'max' else '<'} {v.threshold:.4g}"
+        for v in violations
+    )
 
 
 def _float_rows(rows: Sequence[Any]) -> list[list[float]]:
