@@ -13,7 +13,10 @@ _VERDICT_WORDS = {"pass": "CERTIFIED", "fail": "NOT CERTIFIED", "incomplete": "I
 def verdict_lines(report: dict[str, Any], report_dir: Path | None) -> list[str]:
     """One row per check (status, headline metrics), then the verdict line."""
     rows = [("suite", "check", "status", *HEADLINE_METRICS)]
+    skipped = [c for c in report["checks"] if c["status"] == "skip"]
     for check in report["checks"]:
+        if check["status"] == "skip":
+            continue
         metrics = check["metrics"]
         rows.append(
             (
@@ -25,6 +28,9 @@ def verdict_lines(report: dict[str, Any], report_dir: Path | None) -> list[str]:
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    if skipped:
+        reasons = sorted({c["message"] for c in skipped})
+        lines.append(f"skipped {len(skipped)}: {'; '.join(reasons[:3])}")
     for check in report["checks"]:
         if check["status"] in ("fail", "error"):
             lines.append(f"{check['status'].upper()} {check['nodeid']}: {check['message']}")
