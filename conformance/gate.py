@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.errors import UsageError
-from conformance.report.html import as_text, code_block, join, page, table, tag
+from conformance.report.html import as_text, code_block, join, number, page, table, tag
 from conformance.report.schema import suites, validate_report, worst_metrics
 
 DEFAULT_FACTOR = 2.0
@@ -333,7 +333,7 @@ def _violation_line(check: dict, metric: object, value: object, threshold: objec
 
 
 def _num(v: float | None) -> str:
-    return "—" if v is None else f"{v + 0.0:.6g}"  # + 0.0 turns -0.0 into 0
+    return "—" if v is None else number(v)
 
 
 def _ratio(row: MetricRow) -> str:

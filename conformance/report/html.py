@@ -72,7 +72,16 @@ def as_text(value: object) -> str:
     if value is None:
         return "—"
     if isinstance(value, float):
-        return f"{value:.6g}"
+        return number(value)
     if isinstance(value, dict | list):
         return json.dumps(value, sort_keys=True)
     return str(value)
+
+
+def number(value: float) -> str:
+    """6 significant digits; values within 1e-3 of 1 as ``1 − d`` so that 0.999999999932 (a pcc
+    bound) does not print as 1."""
+    offset = value - 1.0
+    if 0 < abs(offset) < 1e-3:
+        return f"1 {'+' if offset > 0 else '−'} {abs(offset):.2g}"
+    return f"{value + 0.0:.6g}"  # + 0.0 turns -0.0 into 0

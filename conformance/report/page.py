@@ -218,7 +218,12 @@ def metric_table(checks: list[dict]) -> Markup:
                 mark,
             ]
         )
-    return table(["metric", "threshold", "worst measured", ""], rows, cls="metrics")
+    # long tables side by side in two halves: a suite's 18 metrics fit one screen
+    halves = (
+        [rows[: (len(rows) + 1) // 2], rows[(len(rows) + 1) // 2 :]] if len(rows) > 8 else [rows]
+    )
+    headers = ["metric", "threshold", "worst measured", ""]
+    return tag("div", join(table(headers, half, cls="metrics") for half in halves), cls="tables")
 
 
 def failing_case(check: dict) -> Markup:

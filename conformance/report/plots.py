@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from conformance.report.html import Markup
+from conformance.report.html import Markup, number
 from conformance.report.stats import (
     TokenSamples,
     abs_diff_by_position,
@@ -62,7 +62,7 @@ def prob_scatter(samples: TokenSamples) -> Markup:
     frame.points([p_train[i] for i in keep], [p_infer[i] for i in keep])
     pcc = pearson(p_train, p_infer)
     shown = f" · {len(keep)} of {len(p_train)} shown" if len(keep) < len(p_train) else ""
-    frame.note(("PCC = n/a" if pcc is None else f"PCC = {pcc:.6f}") + shown)
+    frame.note(("PCC = n/a" if pcc is None else f"PCC = {number(pcc)}") + shown)
     return Markup(frame.render())
 
 

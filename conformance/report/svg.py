@@ -16,11 +16,15 @@ WIDTH, HEIGHT = 300, 220
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 50, 10, 26, 46
 
 
-def fmt(v: float) -> str:
-    """Compact tick label: 3 significant digits, no trailing zeros."""
+def fmt(v: float, step: float | None = None) -> str:
+    """Compact label: 3 significant digits, or as many as tell ticks ``step`` apart (ρ ticks
+    around 1 a few 1e-7 apart must not all read "1")."""
     if v == 0:
         return "0"
-    return f"{v:.3g}".replace("e-0", "e-").replace("e+0", "e")
+    digits = 3
+    if step:
+        digits = max(3, min(15, math.ceil(math.log10(abs(v) / step)) + 1))
+    return f"{v:.{digits}g}".replace("e-0", "e-").replace("e+0", "e")
 
 
 def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
@@ -117,8 +121,8 @@ class Frame:
 
     def render(self, x_ticks: Sequence[tuple[float, str]] | None = None) -> str:
         """The whole ``<svg>``; ``x_ticks`` replaces numeric x ticks with (value, label) pairs."""
-        x_ticks = x_ticks or [(t, fmt(t)) for t in nice_ticks(*self.x_range)]
-        y_ticks = [(t, fmt(t)) for t in nice_ticks(*self.y_range)]
+        x_ticks = x_ticks or _labelled(nice_ticks(*self.x_range))
+        y_ticks = _labelled(nice_ticks(*self.y_range))
         bottom, left = HEIGHT - MARGIN_BOTTOM, MARGIN_LEFT
         parts = [
             f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" '
@@ -148,6 +152,11 @@ class Frame:
             f'rotate(-90)" text-anchor="middle">{esc(self.y_label)}</text></svg>'
         )
         return "".join(parts)
+
+
+def _labelled(ticks: list[float]) -> list[tuple[float, str]]:
+    step = ticks[1] - ticks[0] if len(ticks) > 1 else None
+    return [(t, fmt(t, step)) for t in ticks]
 
 
 def _lines(label: str, x: float) -> str:

@@ -52,7 +52,8 @@ def test_report_is_visible_and_quiet_in_chromium(tmp_path, browser: Chromium) ->
         "NOT CERTIFIED"
     )
     for suite in SUITES:
-        assert browser.evaluate(f"{VISIBLE}('#suite-{suite} table.metrics')") == [True]
+        visible = browser.evaluate(f"{VISIBLE}('#suite-{suite} table.metrics')")
+        assert visible and all(visible)
         rows = browser.evaluate(
             f"document.querySelectorAll('#suite-{suite} table.metrics tbody tr').length"
         )
