@@ -10,5 +10,12 @@ ENGINES.register("vllm", "conformance.engines.vllm:VLLMEngine", install_hint=_VL
 ENGINES.register(
     "vllm-server", "conformance.engines.vllm_server:VLLMServerEngine", install_hint=_VLLM_HINT
 )
+_SGLANG_HINT = "pip install 'sglang==0.5.23' (or tox -e sglang)"
+ENGINES.register("sglang", "conformance.engines.sglang:SGLangEngine", install_hint=_SGLANG_HINT)
+ENGINES.register(
+    "sglang-server",
+    "conformance.engines.sglang_server:SGLangServerEngine",
+    install_hint=_SGLANG_HINT,
+)
 
 __all__ = ["ENGINES", "Completion", "Engine", "EngineConfig", "LogprobKind", "SamplingSpec"]

@@ -1,0 +1,272 @@
+"""What the in-process ``sglang`` engine and the ``sglang-server`` engine share: options, the
+environment SGLang reads, the CPU-kernel stand-in switch, and the request/reply format of
+``generate`` (the same fields offline and over ``POST /generate``).
+
+SGLang quirks handled here (see docs ENGINES.md):
+
+- input logprobs start with ``None`` for the first requested position, so scoring asks from
+  ``logprob_start_len=0`` and drops that entry;
+- in ``input_token_logprobs`` ids >= vocab_size − 1 come back as 0: the value is right, the id
+  is not, so ids are never read back from there;
+- output logprobs are divided by the temperature unless ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``;
+- on CPU the rope cos/sin cache is cast to the model dtype unless ``SGLANG_ROPE_CACHE_FP32=1``
+  (on CUDA SGLang always keeps it fp32); the harness keeps it fp32 by default, as on GPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from conformance.engines._vllm_common import _bool, _positive_int
+from conformance.engines.base import Completion, EngineConfig, LogprobKind, SamplingSpec
+from conformance.errors import EngineUnavailable, UsageError
+
+INSTALL_HINT = "pip install 'sglang==0.5.23' (or tox -e sglang)"
+#: environment variable naming the folder that holds the pure-torch ``sgl_kernel`` stand-in
+STANDIN_ENV = "TIM_SGL_KERNEL_STANDIN"
+
+log = logging.getLogger("conformance.engines.sglang")
+
+
+def _int(value: str) -> int:
+    return int(value)
+
+
+#: engine option → parser of its string value (as ``--tim-engine-option KEY=VALUE`` gives it)
+OPTIONS: dict[str, Callable[[str], Any]] = {
+    "device": str,
+    "attention_backend": str,
+    "max_total_tokens": _positive_int,
+    "disable_radix_cache": _bool,
+    "chunked_prefill_size": _int,
+    "max_running_requests": _positive_int,
+    "context_length": _positive_int,
+    "rope_cache_fp32": _bool,
+}
+
+#: the values the knob suite tries, one knob at a time on top of the configured options
+KNOBS: dict[str, tuple[str, ...]] = {
+    "disable_radix_cache": ("false", "true"),
+    "chunked_prefill_size": ("16", "64"),
+    "max_running_requests": ("1", "4"),
+}
+
+
+def _defaults() -> dict[str, Any]:
+    import torch
+
+    cpu = not torch.cuda.is_available()
+    return {
+        "device": "cpu" if cpu else "cuda",
+        # no AMX on small CPUs; on CUDA SGLang picks its own backend
+        "attention_backend": "torch_native" if cpu else None,
+        # without a bound the CPU KV cache takes ~14 GB
+        "max_total_tokens": 2048,
+        "rope_cache_fp32": True,
+    }
+
+
+def parse_options(
+    engine: str, options: Mapping[str, Any], *, extra: Mapping[str, Callable[[str], Any]]
+) -> dict[str, Any]:
+    """Typed options with defaults filled in; an unknown key or bad value is a ``UsageError``."""
+    parsers = {**OPTIONS, **extra}
+    unknown = sorted(set(options) - set(parsers))
+    if unknown:
+        raise UsageError(
+            f"unknown {engine} option(s) {unknown}", f"valid options: {', '.join(sorted(parsers))}"
+        )
+    parsed: dict[str, Any] = {}
+    for key, value in options.items():
+        try:
+            parsed[key] = parsers[key](value)
+        except ValueError as exc:
+            raise UsageError(
+                f"{engine} option {key}={value!r} is invalid ({exc})", f"give {key} a valid value"
+            ) from None
+    return parsed
+
+
+def with_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
+    return {**_defaults(), **options}
+
+
+def server_args(config: EngineConfig, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of ``sglang.Engine`` (``launch_server`` takes the same as flags)."""
+    args = {
+        "model_path": str(config.model),
+        "dtype": config.dtype,
+        "random_seed": config.seed,
+        # token ids in, token ids out: nothing is detokenized
+        "skip_tokenizer_init": True,
+        "log_level": "warning",
+        **{k: v for k, v in options.items() if k in OPTIONS and k != "rope_cache_fp32"},
+    }
+    return {k: v for k, v in args.items() if v is not None}
+
+
+def environment(config: EngineConfig, options: Mapping[str, Any]) -> dict[str, str]:
+    """Environment variables SGLang reads when its scheduler starts."""
+    return {
+        "SGLANG_USE_CPU_ENGINE": "1" if options["device"] == "cpu" else "0",
+        "SGLANG_RETURN_ORIGINAL_LOGPROB": "1" if config.logprobs is LogprobKind.RAW else "0",
+        "SGLANG_ROPE_CACHE_FP32": "1" if options["rope_cache_fp32"] else "0",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def sglang_version() -> str | None:
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _real_kernels_import() -> bool:
+    try:
+        module = importlib.import_module("sgl_kernel")
+    except (ImportError, OSError):
+        # a half-imported CUDA build must not shadow the stand-in
+        for name in [m for m in sys.modules if m == "sgl_kernel" or m.startswith("sgl_kernel.")]:
+            del sys.modules[name]
+        return False
+    return not getattr(module, "IS_STANDIN", False)
+
+
+def kernel_standin(device: str) -> str | None:
+    """The stand-in folder to put first on the path, or ``None`` when the real kernels import.
+
+    SGLang's CPU engine imports a few CPU kernels of ``sgl_kernel``, of which PyPI has no CPU
+    build; ``TIM_SGL_KERNEL_STANDIN`` (set by ``tox -e sglang``) names a pure-torch stand-in.
+    """
+    if device != "cpu" or _real_kernels_import():
+        return None
+    folder = os.environ.get(STANDIN_ENV)
+    if not folder:
+        raise EngineUnavailable(
+            "sgl_kernel does not import here, and SGLang's CPU engine needs its CPU kernels",
+            f"install an sgl_kernel build for this machine, or for tests set {STANDIN_ENV}="
+            "<repo>/tests/support/sgl_kernel_cpu",
+        )
+    if not os.path.isfile(os.path.join(folder, "sgl_kernel", "__init__.py")):
+        raise UsageError(
+            f"{STANDIN_ENV}={folder} holds no sgl_kernel package", "point it at its parent folder"
+        )
+    return folder
+
+
+def activate_standin(folder: str) -> None:
+    """Put the stand-in first on this process's path (spawned schedulers inherit it); once."""
+    if folder in sys.path:
+        return
+    sys.path.insert(0, folder)
+    log.warning("sgl_kernel stand-in active (CPU test support): %s", folder)
+
+
+def sampling_params(spec: SamplingSpec) -> dict[str, Any]:
+    return {
+        "max_new_tokens": spec.max_new_tokens,
+        "temperature": spec.temperature,
+        "top_p": spec.top_p,
+        # SGLang spells "off" as -1
+        "top_k": spec.top_k or -1,
+        "ignore_eos": spec.ignore_eos,
+        # one seed per request: a prompt's rollout does not depend on its batch-mates
+        "sampling_seed": spec.seed,
+    }
+
+
+def generate_request(
+    prompts: Sequence[Sequence[int]], spec: SamplingSpec, top_logprobs: int
+) -> dict[str, Any]:
+    """Fields of ``Engine.generate`` and of the body of ``POST /generate``."""
+    check_nonempty(prompts)
+    return {
+        "input_ids": [list(p) for p in prompts],
+        "sampling_params": sampling_params(spec),
+        "return_logprob": True,
+        "top_logprobs_num": top_logprobs,
+    }
+
+
+def score_request(sequences: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """A prefill-only request returning input logprobs from position 0 on."""
+    check_nonempty(sequences)
+    return {
+        "input_ids": [list(s) for s in sequences],
+        "sampling_params": {"max_new_tokens": 0},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+    }
+
+
+def check_nonempty(sequences: Sequence[Sequence[int]]) -> None:
+    if not sequences or any(len(s) < 1 for s in sequences):
+        raise UsageError("an empty batch or token sequence was given", "give >= 1 token each")
+
+
+def accepted(reply: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The reply, unless SGLang aborted the request (too long, bad values): then a UsageError."""
+    finish = reply["meta_info"].get("finish_reason")
+    if isinstance(finish, Mapping) and finish.get("type") == "abort":
+        raise UsageError(
+            f"SGLang rejected a request: {finish.get('message', finish)}",
+            "use shorter sequences or valid sampling values, or raise context_length",
+        )
+    return reply
+
+
+def completions(
+    prompts: Sequence[Sequence[int]], replies: Sequence[Mapping[str, Any]], top_logprobs: int
+) -> list[Completion]:
+    """``Completion`` per prompt from SGLang's replies (one per prompt, in prompt order)."""
+    result = []
+    for prompt, reply in zip(prompts, replies, strict=True):
+        meta = accepted(reply)["meta_info"]
+        entries = meta["output_token_logprobs"]
+        tokens = [int(entry[1]) for entry in entries]
+        if list(reply.get("output_ids", tokens)) != tokens:
+            raise ValueError("SGLang's output ids and output logprob ids disagree")
+        top = None
+        if top_logprobs:
+            top = [
+                {int(e[1]): float(e[0]) for e in ranked[:top_logprobs]}
+                for ranked in meta["output_top_logprobs"]
+            ]
+        finish = meta.get("finish_reason") or {}
+        result.append(
+            Completion(
+                prompt=list(prompt),
+                tokens=tokens,
+                logprobs=[float(entry[0]) for entry in entries],
+                top_logprobs=top,
+                finish_reason=finish.get("type", "length")
+                if isinstance(finish, dict)
+                else "length",
+            )
+        )
+    return result
+
+
+def scores(
+    sequences: Sequence[Sequence[int]], replies: Sequence[Mapping[str, Any]]
+) -> list[list[float]]:
+    """n − 1 logprobs per sequence from ``input_token_logprobs`` (from position 0).
+
+    Entry 0 is ``None`` (no prefix); the ids beside the values are not read, since SGLang
+    reports ids >= vocab_size − 1 as 0 there.
+    """
+    result = []
+    for seq, reply in zip(sequences, replies, strict=True):
+        entries = accepted(reply)["meta_info"]["input_token_logprobs"]
+        if len(entries) != len(seq) or entries[0][0] is not None:
+            raise ValueError(f"SGLang returned {len(entries)} input logprobs for {len(seq)} tokens")
+        result.append([float(entry[0]) for entry in entries[1:]])
+    return result

@@ -1,0 +1,98 @@
+"""The ``sglang`` engine: SGLang's offline ``sglang.Engine`` driven from this process.
+
+SGLang runs its scheduler (model, KV cache, sampler, logprob processing) in a spawned
+subprocess; this process holds the tokenizer-manager side. Prompts go in as token ids.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from conformance.engines import _sglang_common as common
+from conformance.engines.base import Completion, Engine, EngineConfig, SamplingSpec
+from conformance.errors import EngineCrashed, EngineUnavailable
+
+
+class SGLangEngine(Engine):
+    name = "sglang"
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self._engine: Any = None
+        parsed = common.parse_options(self.name, config.options, extra={})
+        if common.sglang_version() is None:
+            raise EngineUnavailable("sglang is not installed", common.INSTALL_HINT)
+        self.options = common.with_defaults(parsed)
+        self._standin = common.kernel_standin(self.options["device"])
+        if self._standin:
+            common.activate_standin(self._standin)
+        self._env = common.environment(config, self.options)
+        # read by the scheduler subprocess when it starts, so set before the engine is built
+        os.environ.update(self._env)
+        try:
+            import sglang
+        except ImportError as exc:
+            raise EngineUnavailable(
+                f"sglang cannot be imported ({exc})", common.INSTALL_HINT
+            ) from exc
+        try:
+            self._engine = sglang.Engine(**common.server_args(config, self.options))
+        except RuntimeError as exc:
+            raise EngineUnavailable(
+                f"SGLang's engine failed to start ({str(exc).splitlines()[0]})",
+                "see the scheduler's log above; check the install (tox -e sglang)",
+            ) from exc
+
+    def _run(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+        if self._engine is None:
+            raise EngineCrashed(f"engine {self.name!r} was closed", "start a new engine")
+        return self._engine.generate(**request)
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        spec: SamplingSpec,
+        *,
+        top_logprobs: int = 0,
+    ) -> list[Completion]:
+        request = common.generate_request(prompts, spec, top_logprobs)
+        return common.completions(prompts, self._run(request), top_logprobs)
+
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        return common.scores(sequences, self._run(common.score_request(sequences)))
+
+    def load_weights(self, state_dict: Mapping[str, Any]) -> None:
+        """Copy a transformers-named state dict into the running model (RL weight sync).
+
+        ``update_weights_from_tensor`` hands the tensors to the scheduler process, whose model
+        maps checkpoint names onto its fused layers; the prefix cache is flushed with it. SGLang
+        takes updates only inside a begin/end weight-update session.
+        """
+        if self._engine is None:
+            raise EngineCrashed(f"engine {self.name!r} was closed", "start a new engine")
+        self._engine.begin_weight_update()
+        try:
+            success, message = self._engine.update_weights_from_tensor(list(state_dict.items()))
+        finally:
+            self._engine.end_weight_update()
+        if not success:
+            raise EngineCrashed(f"SGLang did not take the new weights: {message}", "check names")
+
+    def knobs(self) -> dict[str, tuple[Any, ...]]:
+        return dict(common.KNOBS)
+
+    def info(self) -> dict[str, Any]:
+        info = super().info()
+        info["sglang"] = common.sglang_version()
+        info["knobs"] = dict(self.options)
+        info["env"] = dict(self._env)
+        info["sgl_kernel_standin"] = self._standin
+        return info
+
+    def close(self) -> None:
+        if self._engine is None:
+            return
+        engine, self._engine = self._engine, None
+        engine.shutdown()
