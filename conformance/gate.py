@@ -70,7 +70,7 @@ class GateResult:
     #: one line: why the gate passed, failed, or could not compare
     reason: str
     rows: list[MetricRow] = field(default_factory=list)
-    #: the candidate's profile violations, one line each
+    #: one line per candidate check outside the profile, naming its violations
     violations: list[str] = field(default_factory=list)
     profile: str | None = None
     floor: float = DEFAULT_FLOOR
@@ -140,7 +140,7 @@ def compare(
     regressed = sorted((r for r in rows if r.regressed), key=lambda r: -(r.ratio or math.inf))
     problems = []
     if violations:
-        problems.append(f"{len(violations)} profile violation(s) under {profile_name}")
+        problems.append(f"{len(violations)} check(s) outside profile {profile_name}")
     if regressed:
         names = ", ".join(f"{r.suite}/{r.metric} ×{_ratio(r).lstrip('×')}" for r in regressed[:4])
         more = f" and {len(regressed) - 4} more" if len(regressed) > 4 else ""
@@ -207,25 +207,35 @@ def regression_rows(
 
 
 def profile_violations(candidate: dict, profile: Any) -> tuple[str, list[str]]:
-    """The profile's name and one line per violation of it by the candidate's checks."""
-    lines = []
-    if profile is None:
-        name = (candidate.get("profile") or {}).get("name") or "of the candidate"
-        for check in candidate["checks"]:
-            if check.get("status") == "error":
-                lines.append(f"{check.get('name')}: error: {check.get('message') or ''}".rstrip())
-            for v in check.get("violations") or []:
-                lines.append(
-                    _violation_line(check, v.get("metric"), v.get("value"), v.get("threshold"))
-                )
-        return name, lines
+    """The profile's name and one line per candidate check that breaks it.
+
+    Without ``profile`` the candidate's own verdicts count: its recorded violations, and any
+    check that failed or errored (per-example checks fail without a pooled violation).
+    """
     if isinstance(profile, str | Path):
         from conformance.profiles import load_profile
 
         profile = load_profile(profile)
+    lines = []
     for check in candidate["checks"]:
-        for v in profile.check(check.get("metrics") or {}):
-            lines.append(_violation_line(check, v.metric, v.value, v.threshold))
+        if profile is None:
+            found = [
+                (v.get("metric"), v.get("value"), v.get("threshold"))
+                for v in check.get("violations") or []
+            ]
+        else:
+            found = [
+                (v.metric, v.value, v.threshold) for v in profile.check(check.get("metrics") or {})
+            ]
+        where = f"{check.get('suite')}/{check.get('name')}"
+        if found:
+            lines.append(
+                f"{where}: " + "; ".join(f"{m} = {as_text(v)} vs {as_text(t)}" for m, v, t in found)
+            )
+        elif profile is None and check.get("status") in ("fail", "error"):
+            lines.append(f"{where}: {check['status']}: {check.get('message') or ''}".rstrip())
+    if profile is None:
+        return (candidate.get("profile") or {}).get("name") or "of the candidate", lines
     return profile.name, lines
 
 
@@ -272,7 +282,7 @@ def write_gate_html(result: GateResult, out: Path) -> Path:
         ]
     if result.violations:
         body += [
-            tag("h2", f"Profile violations ({result.profile})"),
+            tag("h2", f"Checks outside profile {result.profile}"),
             tag("ul", join(tag("li", line) for line in result.violations)),
         ]
     out = Path(out)
@@ -325,11 +335,6 @@ def _check_ids(report: dict) -> set[str]:
 
 def _few(items: list[str]) -> str:
     return ", ".join(items[:3]) + (f" (+{len(items) - 3} more)" if len(items) > 3 else "")
-
-
-def _violation_line(check: dict, metric: object, value: object, threshold: object) -> str:
-    where = f"{check.get('suite')}/{check.get('name')}"
-    return f"{where}: {metric} = {as_text(value)} vs {as_text(threshold)}"
 
 
 def _num(v: float | None) -> str:

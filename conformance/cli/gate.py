@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         print(result.text_table())
         print(ratio_note(result.floor))
     for line in result.violations:
-        print(f"profile violation: {line}")
+        print(f"outside profile: {line}")
     if args.html:
         print(f"wrote {write_gate_html(result, args.html)}")
     print(("gate: PASS — " if result.exit_code == 0 else "gate: FAIL — ") + result.reason)

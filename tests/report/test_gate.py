@@ -50,7 +50,7 @@ def test_bf16_kernel_change_is_caught_by_profile_and_regression(baseline: dict, 
     assert ("rollout_parity", "abs_diff_max") in regressed
     # pcc is a "higher is better" metric: it regresses by its shortfall from 1 growing
     assert ("rollout_parity", "pcc") in regressed
-    assert result.violations and "profile violation" in result.reason
+    assert result.violations and "outside profile test" in result.reason
 
 
 def test_regression_within_a_loose_profile_still_fails(baseline: dict) -> None:
@@ -75,6 +75,15 @@ def test_noise_below_the_floor_is_not_a_regression(baseline: dict) -> None:
     rows = compare(baseline, candidate, max_regression={}).rows
     row = next(r for r in rows if r.metric == "abs_diff_max")
     assert not row.regressed and row.floored
+
+
+def test_a_failed_check_without_pooled_violations_counts(baseline: dict) -> None:
+    candidate = copy.deepcopy(baseline)
+    check = candidate["checks"][0]
+    check.update(status="fail", message="abs_diff_max = 0.3 on one token of the minimal case")
+    result = compare(baseline, candidate, max_regression={})
+    assert result.exit_code == REGRESSED
+    assert result.violations == [f"{check['suite']}/{check['name']}: fail: {check['message']}"]
 
 
 def test_nan_in_the_candidate_is_a_regression(baseline: dict) -> None:
