@@ -5,5 +5,6 @@ import pytest
 from conformance.plugin import activate
 
 
+@pytest.hookimpl(trylast=True)  # after Hypothesis has applied --hypothesis-seed / -profile
 def pytest_configure(config: pytest.Config) -> None:
     activate(config)
