@@ -26,7 +26,8 @@ def test_rl_smoke_natural(tim, tmp_path, request):
 
     engine, backend = build_stack(tim.spec)
     try:
-        summary = run_smoke(engine, backend, RunConfig(steps=SUITE_STEPS), tmp_path)
+        config = RunConfig(steps=SUITE_STEPS, profile=tim.profile)
+        summary = run_smoke(engine, backend, config, tmp_path)
     finally:
         engine.close()
         backend.close()

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from conformance.options import add_stack_options, resolve
+from conformance.profiles import load_profile
 from conformance.rl import grpo
 from conformance.rl.loop import RunConfig, build_stack, run_smoke
 from conformance.rl.scenarios import DEFAULT_STRENGTH, SCENARIOS, Scenario
@@ -87,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         group=args.group,
         warm_steps=args.warm_steps,
         long=args.long,
+        profile=load_profile(spec.profile),
     )
     engine, backend = build_stack(spec)
     try:

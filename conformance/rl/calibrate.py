@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from conformance.dtypes import implied_profile
+from conformance.profiles import load_profile
 from conformance.rl.detectors import (
     STD_RHO,
     CollapseRules,
@@ -110,7 +112,8 @@ def _complete(out: Path, steps: int) -> bool:
 
 def measure(case: Case, seed: int, steps: int, runs_dir: Path) -> RunRecord:
     spec = replace(StackSpec(), engine_dtype=case.engine_dtype)
-    config = RunConfig(scenario=case.scenario, steps=steps, seed=seed)
+    profile = load_profile(implied_profile(case.engine_dtype, spec.backend_dtype))
+    config = RunConfig(scenario=case.scenario, steps=steps, seed=seed, profile=profile)
     out = runs_dir / f"{case.label}-s{seed}"
     if not _complete(out, steps):
         engine, backend = build_stack(spec)
@@ -123,7 +126,7 @@ def measure(case: Case, seed: int, steps: int, runs_dir: Path) -> RunRecord:
     return RunRecord(
         case=case,
         seed=seed,
-        alarm=mismatch_firings(rows, config.mismatch_rules),
+        alarm=mismatch_firings(rows, config.mismatch_rules, profile),
         collapse=collapse_firings(rows, config.collapse_rules),
         drop_step=reward_drop_step(rows, case.scenario.at) if case.collapse_expected else None,
         seconds=sum(r["seconds"] for r in rows),
@@ -153,7 +156,8 @@ def render(records: list[RunRecord], steps: int) -> str:
         f"{sum(r.seconds for r in records) / 60:.1f} min of RL steps on a shared 2-core box). "
         "Do not edit by hand.",
         "",
-        f"Mismatch rules: `{mrules}`.",
+        f"Mismatch rules: `{mrules}`, plus the `profile` rule: the stack's implied tolerance "
+        "profile (fp32 for an fp32 engine, bf16 for a bf16 one) violated `persist` steps in a row.",
         "",
         f"Collapse rules: `{crules}`.",
         "",
@@ -188,7 +192,17 @@ def render(records: list[RunRecord], steps: int) -> str:
         values = " | ".join(f"{r.margins[k]:.3g}" for k in keys)
         lines.append(f"| {r.case.label} | {r.seed} | {values} |")
     lines += ["", "## Per rule: how often it fired, by case", ""]
-    rules = ["level", "growth", "pcc", "extremes", "reward", "entropy", "grad_norm", "length"]
+    rules = [
+        "profile",
+        "level",
+        "growth",
+        "pcc",
+        "extremes",
+        "reward",
+        "entropy",
+        "grad_norm",
+        "length",
+    ]
     labels = list(dict.fromkeys(r.case.label for r in records))
     lines.append("| rule | " + " | ".join(labels) + " |")
     lines.append("|---|" + "---|" * len(labels))

@@ -14,7 +14,10 @@ import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from conformance.profiles import Profile
 
 Row = Mapping[str, Any]
 
@@ -117,8 +120,15 @@ def _firing(rows: Sequence[Row], rule: str, index: int | None, reason: Callable[
     return None if index is None else Firing(rule, int(rows[index]["step"]), reason(index))
 
 
-def mismatch_firings(rows: Sequence[Row], rules: MismatchRules = MismatchRules()) -> list[Firing]:
-    """Every mismatch rule that fired, each at its confirming step."""
+def mismatch_firings(
+    rows: Sequence[Row], rules: MismatchRules = MismatchRules(), profile: Profile | None = None
+) -> list[Firing]:
+    """Every mismatch rule that fired, each at its confirming step.
+
+    With a ``profile`` (the stack's tolerance profile), the ``profile`` rule fires when a step's
+    ``mismatch_metrics`` violate it for ``persist`` steps in a row: the level vs the profile.
+    """
+    violations = [profile.check(r["mismatch"]) if profile else [] for r in rows]
     std = [mismatch_value(r, STD_RHO) for r in rows]
     smooth = rolling_median(std, rules.window)
     base = _baseline(std, rules.baseline_steps)
@@ -159,6 +169,18 @@ def mismatch_firings(rows: Sequence[Row], rules: MismatchRules = MismatchRules()
             ),
         ),
     ]
+    if profile is not None:
+        found.append(
+            _firing(
+                rows,
+                "profile",
+                first_sustained([bool(v) for v in violations], rules.persist),
+                lambda i: (
+                    f"{len(violations[i])} metrics outside profile {profile.name!r}: "
+                    + ", ".join(f"{v.metric} {v.value:.3g}" for v in violations[i][:3])
+                ),
+            )
+        )
     return [f for f in found if f is not None]
 
 
@@ -235,10 +257,13 @@ def verdict(firings: Sequence[Firing], quiet: str) -> Verdict:
     return Verdict(fired=True, step=first.step, signal=first.rule, reason=first.reason)
 
 
-def mismatch_alarm(rows: Sequence[Row], rules: MismatchRules = MismatchRules()) -> Verdict:
-    return verdict(
-        mismatch_firings(rows, rules), "std ρ, its growth, PCC and ρ extremes within bounds"
+def mismatch_alarm(
+    rows: Sequence[Row], rules: MismatchRules = MismatchRules(), profile: Profile | None = None
+) -> Verdict:
+    watched = "std ρ, its growth, PCC and ρ extremes" + (
+        f", profile {profile.name!r}" if profile else ""
     )
+    return verdict(mismatch_firings(rows, rules, profile), f"{watched} within bounds")
 
 
 def collapse(rows: Sequence[Row], rules: CollapseRules = CollapseRules()) -> Verdict:

@@ -25,6 +25,7 @@ from conformance.backends import BACKENDS, Backend
 from conformance.engines import ENGINES, Engine, SamplingSpec
 from conformance.errors import UsageError
 from conformance.metrics import mismatch_metrics, rho_by_prob_bin
+from conformance.profiles import Profile
 from conformance.rl import grpo
 from conformance.rl.detectors import (
     CollapseRules,
@@ -60,6 +61,8 @@ class RunConfig:
     warm_steps: int = 20
     warm_lr: float = 3e-3
     long: bool = False
+    #: the stack's tolerance profile: the alarm's level rule (None: not consulted)
+    profile: Profile | None = None
     mismatch_rules: MismatchRules = field(default_factory=MismatchRules)
     collapse_rules: CollapseRules = field(default_factory=CollapseRules)
 
@@ -149,7 +152,7 @@ def run_smoke(engine: Engine, backend: Backend, config: RunConfig, out_dir: Path
         remedy=config.remedy,
         seed=config.seed,
         steps=config.steps,
-        mismatch_alarm=mismatch_alarm(rows, config.mismatch_rules),
+        mismatch_alarm=mismatch_alarm(rows, config.mismatch_rules, config.profile),
         collapse=collapse(rows, config.collapse_rules),
     )
     (out_dir / "rl-summary.json").write_text(json.dumps(summary.as_dict(), indent=2) + "\n")

@@ -118,3 +118,18 @@ def test_lead_is_collapse_step_minus_alarm_step():
     crash = Verdict(True, 30, "reward", "")
     assert lead_steps(alarm, crash) == 18
     assert lead_steps(Verdict(False, None, None, ""), crash) is None
+
+
+def test_profile_rule_fires_when_a_shipped_profile_is_violated_persistently():
+    from conformance.profiles import load_profile
+
+    profile = load_profile("bf16")
+    rules = MismatchRules()
+    limit = profile.thresholds["rho_std"]
+    k = 12
+    rows = _rows(30, std=lambda i: 0.01 if i < k else 0.5 * (limit + rules.level_max))
+    quiet = [f for f in mismatch_firings(rows, rules, profile) if f.rule == "profile"]
+    assert quiet == []  # between the alarm's own level and the profile's: only "level" fires
+    rows = _rows(30, std=lambda i: 0.01 if i < k else 2 * limit)
+    loud = [f for f in mismatch_firings(rows, rules, profile) if f.rule == "profile"]
+    assert [f.step for f in loud] == [k + rules.persist - 1]

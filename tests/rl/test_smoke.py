@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from conformance.dtypes import implied_profile
 from conformance.engines.base import Engine, EngineConfig
 from conformance.errors import UsageError
+from conformance.profiles import load_profile
 from conformance.rl.calibrate import reward_drop_step
 from conformance.rl.loop import RLSummary, RunConfig, build_stack, run_smoke, sync
 from conformance.rl.scenarios import Scenario
@@ -34,7 +36,9 @@ def smoke(
     torch.set_num_threads(1)
     engine, backend = build_stack(replace(StackSpec(), engine_dtype=engine_dtype))
     try:
-        summary = run_smoke(engine, backend, RunConfig(scenario, steps=steps, seed=seed), tmp_path)
+        profile = load_profile(implied_profile(engine_dtype, "float32"))
+        config = RunConfig(scenario, steps=steps, seed=seed, profile=profile)
+        summary = run_smoke(engine, backend, config, tmp_path)
     finally:
         engine.close()
         backend.close()
