@@ -110,4 +110,3 @@ def test_ten_thousand_cases_stay_small_and_render(tmp_path, browser: Chromium, b
         f"{benchmark.extra_info['report_json_bytes'] / 1e6:.1f} MB), write_html {write_s:.2f} s, "
         f"Chromium load event {load_ms:.0f} ms"
     )
-    browser.screenshot(ARTIFACTS / "report-10000-cases.png")
