@@ -163,7 +163,11 @@ def build_stack(spec: StackSpec) -> tuple[Engine, Backend]:
     """A fresh engine and backend for ``spec`` (a smoke run trains, so it changes both)."""
     model = spec.model_dir()
     engine = ENGINES.get(spec.engine)(spec.engine_config(model))
-    backend = BACKENDS.get(spec.backend)(spec.backend_config(model))
+    try:
+        backend = BACKENDS.get(spec.backend)(spec.backend_config(model))
+    except BaseException:
+        engine.close()
+        raise
     return engine, backend
 
 
