@@ -229,9 +229,9 @@ def profile_violations(candidate: dict, profile: Any) -> tuple[str, list[str]]:
             ]
         where = f"{check.get('suite')}/{check.get('name')}"
         if found:
-            lines.append(
-                f"{where}: " + "; ".join(f"{m} = {as_text(v)} vs {as_text(t)}" for m, v, t in found)
-            )
+            shown = "; ".join(f"{m} = {as_text(v)} vs {as_text(t)}" for m, v, t in found[:3])
+            more = f" (+{len(found) - 3} more)" if len(found) > 3 else ""
+            lines.append(f"{where}: {shown}{more}")
         elif profile is None and check.get("status") in ("fail", "error"):
             lines.append(f"{where}: {check['status']}: {check.get('message') or ''}".rstrip())
     if profile is None:
