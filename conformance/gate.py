@@ -2,7 +2,8 @@
 baseline it replaces?
 
 Two report.json files made on the same suites, model, seed and example count are compared
-suite by suite, metric by metric, on each metric's worst value over the suite's checks.
+suite by suite, metric by metric, on each metric's worst value over the suite's checks (the
+one furthest from the metric's ideal value).
 
 A metric *regresses* when its distance from the ideal value grew beyond the allowed factor::
 
@@ -28,7 +29,7 @@ from typing import Any
 
 from conformance.errors import UsageError
 from conformance.report.html import as_text, code_block, join, number, page, table, tag
-from conformance.report.schema import suites, validate_report, worst_metrics
+from conformance.report.schema import suites, validate_report
 
 DEFAULT_FACTOR = 2.0
 DEFAULT_FLOOR = 1e-6
@@ -183,13 +184,33 @@ def not_comparable(baseline: dict, candidate: dict) -> str | None:
     return None
 
 
+def furthest_from_ideal(checks: list[dict]) -> dict[str, float]:
+    """Per metric, its value furthest from the ideal over ``checks``; a NaN beats any number.
+
+    Signed metrics (k1, chi2_token) are worst at their largest magnitude, either sign.
+    """
+    out: dict[str, float] = {}
+    for check in checks:
+        for metric, value in (check.get("metrics") or {}).items():
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                continue
+            v, current = float(value), out.get(metric)
+            if current is None or (
+                not math.isnan(current)
+                and (math.isnan(v) or deviation(metric, v) > deviation(metric, current))
+            ):
+                out[metric] = v
+    return out
+
+
 def regression_rows(
     baseline: dict, candidate: dict, factors: dict[str, float], floor: float
 ) -> list[MetricRow]:
     rows = []
     b_suites, c_suites = suites(baseline), suites(candidate)
     for suite, b_checks in b_suites.items():
-        b_worst, c_worst = worst_metrics(b_checks), worst_metrics(c_suites.get(suite, []))
+        b_worst = furthest_from_ideal(b_checks)
+        c_worst = furthest_from_ideal(c_suites.get(suite, []))
         for metric in sorted(b_worst.keys() | c_worst.keys()):
             factor = factors.get(metric, DEFAULT_FACTOR)
             b, c = b_worst.get(metric), c_worst.get(metric)

@@ -86,6 +86,15 @@ def test_a_failed_check_without_pooled_violations_counts(baseline: dict) -> None
     assert result.violations == [f"{check['suite']}/{check['name']}: fail: {check['message']}"]
 
 
+def test_a_signed_metric_regresses_by_magnitude(baseline: dict) -> None:
+    candidate = copy.deepcopy(baseline)
+    for check in candidate["checks"]:
+        check["metrics"]["k1"] = -1e-3 if check is candidate["checks"][0] else 1e-9
+    rows = compare(baseline, candidate, max_regression={}).rows
+    row = next(r for r in rows if r.metric == "k1" and r.suite == candidate["checks"][0]["suite"])
+    assert row.candidate == -1e-3 and row.regressed
+
+
 def test_nan_in_the_candidate_is_a_regression(baseline: dict) -> None:
     candidate = copy.deepcopy(baseline)
     candidate["checks"][0]["metrics"]["rho_std"] = float("nan")
