@@ -81,6 +81,8 @@ def verdict_banner(report: dict) -> Markup:
     detail = f"{statuses['pass']} of {len(report['checks'])} checks passed"
     if failed:
         detail += f", {failed} failed"
+    if statuses["skip"]:
+        detail += f", {statuses['skip']} skipped"
     if report.get("reason"):
         detail += f" — {report['reason']}"
     profile = (report.get("profile") or {}).get("name", "?")
@@ -238,19 +240,28 @@ def failing_case(check: dict) -> Markup:
     ]
     violations = [v for v in check.get("violations") or [] if isinstance(v, dict)]
     if violations:
-        parts.append(
-            table(
-                ["violated metric", "measured", "bound"],
-                [
+        # one wrapped line, not a table: a bf16 stack under fp32 breaks every bound at once
+        items = [
+            tag(
+                "span",
+                join(
                     [
                         tag("code", v.get("metric")),
-                        v.get("value"),
-                        f"{'≥' if v.get('bound') == 'min' else '≤'} {as_text(v.get('threshold'))}",
+                        f" {as_text(v.get('value'))} ",
+                        tag(
+                            "span",
+                            f"(bound {'≥' if v.get('bound') == 'min' else '≤'} "
+                            f"{as_text(v.get('threshold'))})",
+                            cls="k",
+                        ),
                     ]
-                    for v in violations
-                ],
-                cls="violations",
+                ),
+                cls="pair",
             )
+            for v in violations
+        ]
+        parts.append(
+            tag("div", join([tag("span", "violated: ", cls="k"), *items]), cls="violations")
         )
     case = check.get("worst_case")
     if isinstance(case, dict):
