@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import select
 import shutil
 import subprocess
 import tempfile
@@ -22,6 +23,8 @@ from typing import Any
 BINARY = shutil.which("chromium") or shutil.which("chromium-browser")
 #: what CI and a developer run once to get the browser (Debian's package)
 INSTALL = "apt-get update && apt-get install -y chromium"
+#: a hung browser fails the test instead of hanging CI
+TIMEOUT_S = 60
 
 
 class Chromium:
@@ -126,7 +129,7 @@ class Chromium:
         return out
 
     def close(self) -> None:
-        with contextlib.suppress(OSError, RuntimeError, EOFError):
+        with contextlib.suppress(OSError, RuntimeError, EOFError, TimeoutError):
             self.send("Browser.close")
         try:
             self._proc.wait(timeout=10)
@@ -139,6 +142,9 @@ class Chromium:
 
     def _read(self) -> dict:
         while b"\0" not in self._buffer:
+            ready, _, _ = select.select([self._from_chrome], [], [], TIMEOUT_S)
+            if not ready:
+                raise TimeoutError(f"chromium sent nothing for {TIMEOUT_S} s")
             chunk = os.read(self._from_chrome, 1 << 16)
             if not chunk:
                 raise EOFError("chromium closed the DevTools pipe")
