@@ -80,6 +80,7 @@ def large_report() -> dict:
     return report
 
 
+@pytest.mark.slow
 def test_ten_thousand_cases_stay_small_and_render(tmp_path, browser: Chromium, benchmark) -> None:
     report = large_report()
     (tmp_path / "report.json").write_text(json.dumps(report))
