@@ -19,9 +19,11 @@ def _opted_in(config: pytest.Config) -> bool:
     return "rl" in (config.getoption("markexpr", "") or "")
 
 
-def test_rl_smoke_natural(tim, tmp_path, request):
+def test_rl_smoke_natural(tim, recorder, tmp_path, request):
     if not _opted_in(request.config):
         pytest.skip("opt-in: run with -m rl (trains a copy of the stack for a few minutes)")
+    import json
+
     from conformance.rl.loop import RunConfig, build_stack, run_smoke
 
     engine, backend = build_stack(tim.spec)
@@ -31,6 +33,13 @@ def test_rl_smoke_natural(tim, tmp_path, request):
     finally:
         engine.close()
         backend.close()
+    rows = [json.loads(line) for line in (tmp_path / "rl.jsonl").read_text().splitlines()]
+    recorder.note(
+        rl_steps=float(len(rows)),
+        rl_reward_first=rows[0]["reward"],
+        rl_reward_last=rows[-1]["reward"],
+        rl_rho_std_max=max(r["mismatch"]["rho_std"] for r in rows),
+    )
     verdicts = summary.as_dict()
     assert not summary.mismatch_alarm.fired, f"mismatch alarm: {verdicts['mismatch_alarm']}"
     assert not summary.collapse.fired, f"collapse: {verdicts['collapse']}"
