@@ -3,6 +3,7 @@ so the session can keep what was measured and end with verdict ``incomplete``.""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,6 +20,8 @@ class GuardedEngine:
         self.config = engine.config
         self._on_crash = on_crash
         self._crash: str | None = None
+        #: seconds spent inside the engine's own calls (the harness's overhead is the rest)
+        self.busy_s = 0.0
 
     def generate(
         self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, *, top_logprobs: int = 0
@@ -43,6 +46,7 @@ class GuardedEngine:
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         if self._crash is not None:
             raise EngineCrashed(f"engine {self.name!r} is dead: {self._crash}")
+        started = time.perf_counter()
         try:
             return getattr(self.inner, method)(*args, **kwargs)
         except (UsageError, NotImplementedError):
@@ -57,3 +61,5 @@ class GuardedEngine:
                 f"engine {self.name!r} died during {method}(): {type(exc).__name__}: {first}",
                 "what was measured is kept in results.jsonl; check the engine's log and rerun",
             ) from exc
+        finally:
+            self.busy_s += time.perf_counter() - started

@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import random
 import shlex
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -146,6 +147,24 @@ class Recorder:
         return self.current
 
 
+class TimedBackend:
+    """A backend wrapper that adds the time spent in ``recompute`` to a shared counter."""
+
+    def __init__(self, backend: Backend, timing: dict[str, float]) -> None:
+        self.inner = backend
+        self._timing = timing
+
+    def recompute(self, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return self.inner.recompute(*args, **kwargs)
+        finally:
+            self._timing["backend_s"] += time.perf_counter() - started
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 class HarnessSession:
     """State of one run, kept in ``config.stash`` by the plugin and used by certify."""
 
@@ -164,9 +183,12 @@ class HarnessSession:
         self.crash: str | None = None
         self.final_report: dict[str, Any] | None = None
         self._engine: GuardedEngine | None = None
-        self._backends: dict[tuple[Any, ...], Backend] = {}
+        self._backends: dict[tuple[Any, ...], TimedBackend] = {}
         self._model_info: Any = None
         self._started = dt.datetime.now(dt.UTC)
+        self._clock = time.perf_counter()
+        #: seconds spent starting the engine and backends, and inside backend calls
+        self.timing = {"engine_start_s": 0.0, "backend_start_s": 0.0, "backend_s": 0.0}
         if report_dir is not None:
             report_dir.mkdir(parents=True, exist_ok=True)
             (report_dir / "results.jsonl").write_text("")
@@ -187,7 +209,9 @@ class HarnessSession:
         if self._engine is None:
             engine_cls = ENGINES.get(self.spec.engine)
             config = self.spec.engine_config(self.model_info.path)
+            started = time.perf_counter()
             self._engine = GuardedEngine(engine_cls(config), on_crash=self._on_crash)
+            self.timing["engine_start_s"] += time.perf_counter() - started
             self.log(event="engine_started", info=self._engine.info())
         return self._engine
 
@@ -196,7 +220,9 @@ class HarnessSession:
         key = tuple(sorted(changes.items()))
         if key not in self._backends:
             config = self.spec.backend_config(self.model_info.path, **changes)
-            self._backends[key] = BACKENDS.get(self.spec.backend)(config)
+            started = time.perf_counter()
+            self._backends[key] = TimedBackend(BACKENDS.get(self.spec.backend)(config), self.timing)
+            self.timing["backend_start_s"] += time.perf_counter() - started
         return self._backends[key]
 
     @property
@@ -292,7 +318,20 @@ class HarnessSession:
                 "thresholds": self.profile.thresholds,
             },
             "checks": self.checks,
+            "timing": self._timing(),
             "rl": None,
+        }
+
+    def _timing(self) -> dict[str, float]:
+        """Wall time of the run and the share spent in the engine and backend themselves."""
+        engine_s = self._engine.busy_s if self._engine is not None else 0.0
+        compute = engine_s + sum(self.timing.values())
+        wall = time.perf_counter() - self._clock
+        return {
+            "wall_s": round(wall, 3),
+            "engine_s": round(engine_s, 3),
+            **{k: round(v, 3) for k, v in self.timing.items()},
+            "harness_overhead": round((wall - compute) / compute, 4) if compute else 0.0,
         }
 
     def write_report(self) -> dict[str, Any]:

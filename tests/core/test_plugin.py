@@ -1,0 +1,70 @@
+"""The pytest plugin as users drive it: seeds recorded and honoured, user-written suites."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+USER_SUITE = """
+from hypothesis import given, strategies as st
+
+from conformance.strategies import sampling_specs, token_sequences
+
+
+@given(data=st.data())
+def test_greedy_ish_rollouts_match(data, engine, backend, model, recorder):
+    prompt = data.draw(token_sequences(model.vocab_size, max_len=16))
+    spec = data.draw(sampling_specs(temperature=0.5, max_new_tokens=4))
+    (completion,) = engine.generate([prompt], spec)
+    recomputed = backend.recompute([completion.sequence]).logprobs[0]
+    lp_train = recomputed[len(prompt) - 1 :].tolist()
+    example = {"prompt_ids": [prompt], "sampling": spec.as_dict()}
+    metrics = recorder.measure([lp_train], [completion.logprobs], case=example)
+    recorder.check_profile(metrics, example)
+"""
+
+
+def run_pytest(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=900,
+    )
+
+
+def test_hypothesis_seed_is_recorded_and_reproduces_every_number(tmp_path, cli_env):
+    reports = []
+    for run in ("a", "b"):
+        out = tmp_path / run
+        result = run_pytest(
+            str(REPO / "suites" / "test_rollout_parity.py"),
+            "--tim-examples", "3", "--hypothesis-seed", "123", "--tim-report", str(out),
+            cwd=tmp_path, env=cli_env,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout[-2000:]
+        reports.append(json.loads((out / "report.json").read_text()))
+    first, second = reports
+    assert first["seed"] == second["seed"] == 123
+    assert first["checks"][0]["metrics"] == second["checks"][0]["metrics"]
+    assert first["checks"][0]["worst_case"] == second["checks"][0]["worst_case"]
+
+
+def test_user_written_suite_runs_with_the_fixtures(tmp_path, cli_env):
+    (tmp_path / "test_my_suite.py").write_text(USER_SUITE)
+    out = tmp_path / "report"
+    result = run_pytest(
+        "test_my_suite.py", "--tim-examples", "3", "--tim-report", str(out),
+        cwd=tmp_path, env=cli_env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert "tim-conformance" in result.stdout and "CERTIFIED" in result.stdout
+    (check,) = json.loads((out / "report.json").read_text())["checks"]
+    assert check["suite"] == "my_suite" and check["status"] == "pass"
+    assert check["examples_run"] == 3
