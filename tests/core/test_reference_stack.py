@@ -11,12 +11,13 @@ from conformance.metrics import mismatch_metrics, stack_ragged
 from conformance.suite_support import generated_rows
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15], [20], [3, 3, 3, 3]]
+ROLLOUT = SamplingSpec(max_new_tokens=24, seed=7)
 
 
-def _rollout_metrics(engine_dtype: str, model, spec=SamplingSpec(max_new_tokens=24, seed=7)):
+def _rollout_metrics(engine_dtype: str, model):
     engine = ENGINES.get("hf-generate")(EngineConfig(model=model, dtype=engine_dtype))
     backend = BACKENDS.get("hf")(BackendConfig(model=model))
-    completions = engine.generate(PROMPTS, spec)
+    completions = engine.generate(PROMPTS, ROLLOUT)
     recomputed = backend.recompute([c.sequence for c in completions]).logprobs
     lp_train, lp_infer, _ = generated_rows(completions, recomputed)
     train, mask = stack_ragged(lp_train)

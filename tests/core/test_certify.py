@@ -1,0 +1,126 @@
+"""``tim-conformance certify`` end to end, as a user runs it (a subprocess, real stack)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FAST = ["--examples", "4"]
+
+
+def certify(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "conformance", "certify", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=900,
+    )
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def test_default_stack_is_certified(tmp_path, cli_env):
+    out = tmp_path / "run"
+    result = certify("--out", str(out), env=cli_env, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "pass"
+    assert report["seed"] == 0
+    assert report["profile"]["name"] == "fp32"
+    suites = {c["suite"] for c in report["checks"]}
+    assert {"prefill_parity", "rollout_parity", "batch_invariance", "decode_vs_prefill"} <= suites
+    assert all(c["status"] in ("pass", "skip") for c in report["checks"])
+    measured = [c for c in report["checks"] if c["status"] == "pass"]
+    assert all(c["examples_run"] > 0 and c["metrics"]["abs_diff_max"] < 1e-3 for c in measured)
+    # streamed as it ran: one measurement line per example, then a check line per test
+    events = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sum(e["event"] == "measurement" for e in events) >= sum(
+        c["examples_run"] for c in report["checks"]
+    )
+    assert (out / "report.html").is_file() and (out / "certificate.json").is_file()
+
+
+def test_bf16_engine_fails_the_fp32_profile(tmp_path, cli_env):
+    out = tmp_path / "run"
+    result = certify(
+        "--engine-dtype", "bfloat16", "--profile", "fp32", "--out", str(out), *FAST,
+        env=cli_env, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "fail"
+    failed = [c for c in report["checks"] if c["status"] == "fail"]
+    assert any(c["suite"] == "rollout_parity" for c in failed)
+    for check in failed:
+        assert check["violations"], check
+        violation = check["violations"][0]
+        assert violation["value"] > violation["threshold"] or violation["bound"] == "min"
+        assert violation["metric"] in check["message"]
+        assert (
+            check["worst_case"]["prompt_ids"]
+            and "--hypothesis-seed" in (check["worst_case"]["replay"])
+        )
+
+
+def test_engine_dying_mid_run_keeps_measurements_and_is_incomplete(tmp_path, cli_env):
+    out = tmp_path / "run"
+    env = {**cli_env, "TIM_TEST_CALLS_BEFORE_DEATH": "6"}
+    result = certify(
+        "--engine", "tests.support.crashing_engine:DyingEngine", "--out", str(out), *FAST,
+        env=env, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    error = _one_line_error(result)
+    assert "incomplete" in error and "results.jsonl" in error
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "incomplete"
+    assert "simulated death" in report["reason"]
+    events = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sum(e["event"] == "measurement" for e in events) >= 1
+    assert any(e["event"] == "engine_crash" for e in events)
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--model", "/nonexistent/model"], "/nonexistent/model"),
+        (["--profile", "no-such-profile"], "no-such-profile"),
+        (["--engine", "no-such-engine"], "no-such-engine"),
+        (["--engine-dtype", "int3"], "int3"),
+        (["--examples", "zero"], "examples"),
+        (["--engine-option", "novalue"], "KEY=VALUE"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_fix(tmp_path, cli_env, args, named):
+    line = _one_line_error(certify(*args, env=cli_env, cwd=tmp_path))
+    assert named in line and "fix:" in line
+
+
+def test_tokenizer_vocab_mismatch_is_one_line(tmp_path, cli_env, default_model):
+    broken = tmp_path / "model"
+    broken.mkdir()
+    for item in default_model.iterdir():
+        (broken / item.name).write_bytes(item.read_bytes())
+    config = json.loads((broken / "config.json").read_text())
+    config["vocab_size"] = 100
+    (broken / "config.json").write_text(json.dumps(config))
+    line = _one_line_error(certify("--model", str(broken), env=cli_env, cwd=tmp_path))
+    assert "vocab" in line
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
+def test_missing_engine_package_is_one_line(tmp_path, cli_env):
+    line = _one_line_error(certify("--engine", "vllm", env=cli_env, cwd=tmp_path))
+    assert "vllm" in line and "pip install" in line
