@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 GROUP = "tim-conformance"
 PREFIX = "tim-"
 REPORT_OPTION = "--tim-report"
+RL_SMOKE_OPTION = "--tim-rl-smoke"
 SESSION_KEY = pytest.StashKey["HarnessSession"]()
 ACTIVE_KEY = pytest.StashKey[bool]()
 
@@ -35,6 +36,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="DIR",
         help="stream results.jsonl and write report.json (and report.html) into DIR",
+    )
+    group.addoption(
+        RL_SMOKE_OPTION,
+        dest="tim_rl_smoke",
+        action="store_true",
+        default=False,
+        help="also run the RL smoke suite: a short GRPO run on a copy of the stack (minutes)",
     )
     for option in STACK_OPTIONS:
         parser.addini(f"tim_{option.name.replace('-', '_')}", option.help)
@@ -56,7 +64,7 @@ def _given(config: pytest.Config) -> dict[str, Any]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "tim_suite: a tim-conformance suite test")
+    config.addinivalue_line("markers", "rl: the RL smoke suite (opt-in with --tim-rl-smoke)")
     wanted = any(v not in (None, []) for v in _given(config).values()) or config.getoption(
         "tim_report"
     )

@@ -182,6 +182,8 @@ class HarnessSession:
         self.checks: list[dict[str, Any]] = []
         self.crash: str | None = None
         self.final_report: dict[str, Any] | None = None
+        #: the RL smoke run's summary, with ``curves_path`` relative to the report folder
+        self.rl: dict[str, Any] | None = None
         self._engine: GuardedEngine | None = None
         self._backends: dict[tuple[Any, ...], TimedBackend] = {}
         self._model_info: Any = None
@@ -319,7 +321,7 @@ class HarnessSession:
             },
             "checks": self.checks,
             "timing": self._timing(),
-            "rl": None,
+            "rl": self.rl,
         }
 
     def _timing(self) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""RL smoke run on the stack under test (opt-in: ``pytest suites -m rl``, ``certify --rl-smoke``).
+"""RL smoke run on the stack under test (opt-in: ``--tim-rl-smoke``, ``certify --rl-smoke``).
 
 A short GRPO run on the session's stack definition — a fresh engine and backend built from it,
 since training changes their weights — with the natural (the stack's own) mismatch: neither the
@@ -15,25 +15,24 @@ pytestmark = pytest.mark.rl
 SUITE_STEPS = 40
 
 
-def _opted_in(config: pytest.Config) -> bool:
-    return "rl" in (config.getoption("markexpr", "") or "")
-
-
 def test_rl_smoke_natural(tim, recorder, tmp_path, request):
-    if not _opted_in(request.config):
-        pytest.skip("opt-in: run with -m rl (trains a copy of the stack for a few minutes)")
+    if not request.config.getoption("tim_rl_smoke"):
+        pytest.skip("opt-in: --tim-rl-smoke (trains a copy of the stack for a few minutes)")
     import json
 
     from conformance.rl.loop import RunConfig, build_stack, run_smoke
 
+    out = tim.report_dir / "rl" if tim.report_dir is not None else tmp_path
     engine, backend = build_stack(tim.spec)
     try:
         config = RunConfig(steps=SUITE_STEPS, profile=tim.profile)
-        summary = run_smoke(engine, backend, config, tmp_path)
+        summary = run_smoke(engine, backend, config, out)
     finally:
         engine.close()
         backend.close()
-    rows = [json.loads(line) for line in (tmp_path / "rl.jsonl").read_text().splitlines()]
+    if tim.report_dir is not None:
+        tim.rl = {**summary.as_dict(), "curves_path": "rl/rl.jsonl"}
+    rows = [json.loads(line) for line in (out / "rl.jsonl").read_text().splitlines()]
     recorder.note(
         rl_steps=float(len(rows)),
         rl_reward_first=rows[0]["reward"],

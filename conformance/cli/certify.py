@@ -45,6 +45,11 @@ def add_parser(subparsers: Any) -> None:
         "--suites", type=Path, default=DEFAULT_SUITES, help="suites folder (default: %(default)s)"
     )
     parser.add_argument(
+        "--rl-smoke",
+        action="store_true",
+        help="also run a short RL smoke run on a copy of the stack (a few minutes)",
+    )
+    parser.add_argument(
         "--check",
         type=Path,
         default=None,
@@ -69,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
         )
     out = args.out or Path("reports") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     seed = DEFAULT_SEED if args.seed is None else args.seed
-    report = _run_suites(spec, args.suites, out, seed)
+    extra = ["--tim-rl-smoke"] if args.rl_smoke else []
+    report = _run_suites(spec, args.suites, out, seed, extra)
     return _conclude(report, out)
 
 
@@ -86,12 +92,13 @@ def _preflight(spec: Any) -> None:
     inspect_model(spec.model_dir())
 
 
-def _run_suites(spec: Any, suites: Path, out: Path, seed: int) -> dict[str, Any]:
+def _run_suites(spec: Any, suites: Path, out: Path, seed: int, extra: list[str]) -> dict[str, Any]:
     import pytest
 
     args = [
         str(suites),
         *spec.pytest_args(),
+        *extra,
         "--tim-report",
         str(out),
         f"--hypothesis-seed={seed}",
