@@ -48,6 +48,8 @@ OPTIONS: dict[str, Callable[[str], Any]] = {
     "max_running_requests": _positive_int,
     "context_length": _positive_int,
     "rope_cache_fp32": _bool,
+    # SGLang honours a request's sampling_seed only in deterministic-inference mode
+    "enable_deterministic_inference": _bool,
 }
 
 #: the values the knob suite tries, one knob at a time on top of the configured options

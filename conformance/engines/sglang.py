@@ -6,6 +6,8 @@ subprocess; this process holds the tokenizer-manager side. Prompts go in as toke
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -37,6 +39,9 @@ class SGLangEngine(Engine):
             raise EngineUnavailable(
                 f"sglang cannot be imported ({exc})", common.INSTALL_HINT
             ) from exc
+        import psutil
+
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
         try:
             self._engine = sglang.Engine(**common.server_args(config, self.options))
         except RuntimeError as exc:
@@ -44,6 +49,10 @@ class SGLangEngine(Engine):
                 f"SGLang's engine failed to start ({str(exc).splitlines()[0]})",
                 "see the scheduler's log above; check the install (tox -e sglang)",
             ) from exc
+        #: this engine's scheduler and detokenizer processes, which ``close`` stops
+        self._children = [
+            p for p in psutil.Process().children(recursive=True) if p.pid not in before
+        ]
 
     def _run(self, request: dict[str, Any]) -> list[dict[str, Any]]:
         if self._engine is None:
@@ -89,10 +98,31 @@ class SGLangEngine(Engine):
         info["knobs"] = dict(self.options)
         info["env"] = dict(self._env)
         info["sgl_kernel_standin"] = self._standin
+        # SGLang applies sampling_seed only in deterministic-inference mode
+        info["seeded"] = bool(self.options.get("enable_deterministic_inference"))
         return info
 
     def close(self) -> None:
+        """Stop this engine's processes only.
+
+        ``sglang.Engine.shutdown`` kills every child of this process: other SGLang engines'
+        schedulers (whose watchdogs then SIGQUIT this process) and servers the harness started.
+        """
+        import psutil
+
         if self._engine is None:
             return
         engine, self._engine = self._engine, None
-        engine.shutdown()
+        # SGLang registered shutdown for interpreter exit, with the same blanket kill
+        atexit.unregister(engine.shutdown)
+        watchdog = getattr(engine.tokenizer_manager, "_subprocess_watchdog", None)
+        if watchdog is not None:
+            watchdog.stop()
+        for child in self._children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.terminate()
+        _, alive = psutil.wait_procs(self._children, timeout=15)
+        for child in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+        psutil.wait_procs(alive, timeout=15)

@@ -165,6 +165,8 @@ class SGLangServerEngine(Engine):
         info["knobs"] = dict(self.options)
         info["env"] = dict(self._env)
         info["sgl_kernel_standin"] = self._standin
+        # SGLang applies sampling_seed only in deterministic-inference mode
+        info["seeded"] = bool(self.options.get("enable_deterministic_inference"))
         return info
 
     def close(self) -> None:
