@@ -305,6 +305,8 @@ class VLLMServerEngine(Engine):
         info["vllm"] = common.vllm_version()
         info["url"] = getattr(self, "url", None)
         info["attached"] = self._server is None
+        # like the url, volatile: certificates ignore it; it names the process to watch or stop
+        info["pid"] = self._server.process.pid if self._server is not None else None
         info["knobs"] = dict(self.options)
         return info
 
