@@ -71,7 +71,9 @@ class Run:
 
 
 def environment() -> dict[str, str]:
+    """This checkout's package and suites, also where a non-editable install (tox) is found."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
