@@ -53,7 +53,7 @@ class GuardedEngine:
             raise
         except Exception as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            self._crash = f"{type(exc).__name__} in {method}(): {first}"
+            self._crash = f"engine {self.name!r} died in {method}(): {type(exc).__name__}: {first}"
             self._on_crash(self._crash)
             if isinstance(exc, EngineCrashed):
                 raise

@@ -179,7 +179,7 @@ def recorder(tim: HarnessSession) -> Any:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     harness = item.config.stash.get(SESSION_KEY, None)
     if harness is not None and harness.crash and "engine" in getattr(item, "fixturenames", ()):
-        pytest.skip(f"engine crashed earlier: {harness.crash}")
+        pytest.skip(f"no engine: {harness.crash}")
 
 
 # -- hooks: turn each test using the recorder into a check ---------------------------------

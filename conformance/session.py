@@ -18,7 +18,7 @@ from typing import Any
 from conformance.backends import BACKENDS, Backend
 from conformance.engine_guard import GuardedEngine
 from conformance.engines import ENGINES
-from conformance.errors import ConformanceError, EngineCrashed
+from conformance.errors import ConformanceError, EngineCrashed, EngineUnavailable, UsageError
 from conformance.stack import StackSpec, fingerprint
 
 #: token-level points kept per check for the report's plots; the rest stay in results.jsonl
@@ -212,7 +212,19 @@ class HarnessSession:
             engine_cls = ENGINES.get(self.spec.engine)
             config = self.spec.engine_config(self.model_info.path)
             started = time.perf_counter()
-            self._engine = GuardedEngine(engine_cls(config), on_crash=self._on_crash)
+            try:
+                inner = engine_cls(config)
+            except UsageError:
+                raise
+            except Exception as exc:
+                # no engine means no measurement: the rest of the run is skipped, not errored
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                self._on_crash(f"engine {self.spec.engine!r} failed to start: {first}")
+                raise EngineUnavailable(
+                    f"engine {self.spec.engine!r} failed to start: {first}",
+                    getattr(exc, "fix", "") or "see the engine's log above",
+                ) from exc
+            self._engine = GuardedEngine(inner, on_crash=self._on_crash)
             self.timing["engine_start_s"] += time.perf_counter() - started
             self.log(event="engine_started", info=self._engine.info())
         return self._engine
@@ -288,7 +300,7 @@ class HarnessSession:
         statuses = [c["status"] for c in self.checks]
         if self.crash is not None:
             measured = sum(1 for c in self.checks if c["metrics"])
-            return "incomplete", f"engine died mid-run: {self.crash} ({measured} checks measured)"
+            return "incomplete", f"{self.crash} ({measured} checks measured)"
         if "error" in statuses:
             errored = [c["nodeid"] for c in self.checks if c["status"] == "error"]
             return "incomplete", f"{len(errored)} check(s) errored: {', '.join(errored)}"
