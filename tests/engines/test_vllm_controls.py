@@ -266,12 +266,6 @@ def test_a_server_killed_mid_run_leaves_an_incomplete_verdict_and_its_measuremen
     assert_server_gone(pid, url)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the session retries a failed engine start in every test and the verdict lists the "
-    "errored tests, not the start error (fix: HarnessSession.engine records EngineUnavailable "
-    "as the crash); remove this mark once it does",
-)
 def test_an_engine_url_that_does_not_answer_is_one_line_naming_it(tmp_path: Path) -> None:
     url = free_url()
     result = subprocess.run(
