@@ -23,6 +23,8 @@ TEMPERATURES = st.sampled_from([1.0, 0.7, 0.5, 1.3])
 TOP_PS = st.sampled_from([1.0, 0.9, 0.5])
 TOP_KS = st.sampled_from([0, 20])
 SEEDS = st.integers(0, 2**31 - 1)
+#: lengths of repeated-token runs in a sequence; 1 = no repetition
+_RUN_LENGTHS = st.sampled_from([1, 2, 4, 8])
 PaddingSide = Literal["left", "right"]
 
 
@@ -86,33 +88,53 @@ def token_sequences(
     min_len: int = 1,
     max_len: int | SearchStrategy[int] = 64,
     special_ids: Sequence[int] = (),
-    ids: SearchStrategy[int] | None = None,
+    min_id: int = 0,
 ) -> SearchStrategy[list[int]]:
     """Return a strategy for one prompt as token ids, ``min_len``..``max_len`` long.
 
-    Half the time a sequence is built from runs of a repeated token (repetition stresses
-    KV-cache reuse and attention over identical keys). Shrinks towards ``[min_id]``.
+    The bulk of the ids comes from one block of bytes (one Hypothesis choice, not one per
+    token: drawing token by token cost most of a certify run). Often the sequence is
+    made of runs of a repeated token (repetition stresses KV-cache reuse and attention over
+    identical keys), and up to four positions are overwritten with vocabulary edges or special
+    ids. Shrinks towards ``[min_id] * min_len``.
 
-    - vocab_size / special_ids: as for :func:`token_ids`.
+    - vocab_size / special_ids / min_id: as for :func:`token_ids`.
     - min_len, max_len: length bounds; ``max_len`` may be a strategy.
-    - ids: the strategy for single ids (default: :func:`token_ids`).
+
+    >>> token_sequences(384, max_len=8).example()  # doctest: +SKIP
+    [17, 17, 17, 383, 2, 2]
     """
-    ids = ids if ids is not None else token_ids(vocab_size, special_ids=special_ids)
+    _check_range("token_sequences ids", min_id, vocab_size - 1, 0)
 
     @st.composite
     def build(draw: st.DrawFn) -> list[int]:
         high = draw(_as_strategy(max_len))
         _check_range("token_sequences length", min_len, high, 1)
-        if draw(st.booleans()):
-            return draw(st.lists(ids, min_size=min_len, max_size=high))
-        runs = draw(
-            st.lists(st.tuples(ids, st.integers(1, 8)), min_size=1, max_size=max(1, high // 2))
-        )
-        sequence = [token for token, count in runs for _ in range(count)][:high]
-        missing = max(0, min_len - len(sequence))
-        return sequence + draw(st.lists(ids, min_size=missing, max_size=missing))
+        length = draw(st.integers(min_len, high))
+        return _draw_ids(draw, length, vocab_size, min_id, special_ids)
 
     return build()
+
+
+def _draw_ids(
+    draw: st.DrawFn, length: int, vocab_size: int, min_id: int, special_ids: Sequence[int]
+) -> list[int]:
+    """``length`` ids as :func:`token_sequences` describes, drawn without building strategies
+    per sequence (that construction dominated the cost of a batch)."""
+    span = vocab_size - min_id
+    width = 2 if span <= 2**16 else 4
+    block = draw(st.binary(min_size=width * length, max_size=width * length))
+    tokens = [
+        min_id + int.from_bytes(block[i : i + width], "little") % span
+        for i in range(0, width * length, width)
+    ]
+    run = draw(_RUN_LENGTHS)
+    tokens = [tokens[i - i % run] for i in range(length)]
+    markers = sorted({min_id, vocab_size - 1, max(min_id, vocab_size - 2), *special_ids})
+    overrides = st.tuples(st.integers(0, length - 1), st.sampled_from(markers))
+    for position, token in draw(st.lists(overrides, max_size=4)):
+        tokens[position] = token
+    return tokens
 
 
 def batch_shapes(
@@ -148,14 +170,11 @@ def token_batches(
 ) -> SearchStrategy[tuple[BatchShape, list[list[int]]]]:
     """Return a strategy for ``(shape, prompts)``: prompts of exactly the shape's lengths."""
     shapes = _as_strategy(shape) if shape is not None else batch_shapes()
-    ids = token_ids(vocab_size, special_ids=special_ids)
 
     @st.composite
     def build(draw: st.DrawFn) -> tuple[BatchShape, list[list[int]]]:
         drawn = draw(shapes)
-        prompts = [
-            draw(token_sequences(vocab_size, min_len=n, max_len=n, ids=ids)) for n in drawn.lengths
-        ]
+        prompts = [_draw_ids(draw, n, vocab_size, 0, special_ids) for n in drawn.lengths]
         return drawn, prompts
 
     return build()

@@ -1,0 +1,74 @@
+"""The Hypothesis strategies: bounds, shapes, validation, and what failures shrink to."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import find, given
+from hypothesis import strategies as st
+
+from conformance.engines import SamplingSpec
+from conformance.errors import UsageError
+from conformance.strategies import (
+    batch_shapes,
+    precisions,
+    sampling_specs,
+    token_batches,
+    token_ids,
+    token_sequences,
+)
+
+VOCAB = 384
+
+
+@given(token_sequences(VOCAB, min_len=2, max_len=40, special_ids=[0, 1, 2]))
+def test_sequences_stay_in_bounds(sequence):
+    assert 2 <= len(sequence) <= 40
+    assert all(0 <= t < VOCAB for t in sequence)
+
+
+@given(token_batches(VOCAB, shape=batch_shapes(max_batch=5, min_len=1, max_len=30)))
+def test_batches_have_exactly_their_shape(batch):
+    shape, prompts = batch
+    assert [len(p) for p in prompts] == list(shape.lengths)
+    assert 1 <= shape.batch_size <= 5 and shape.padding_side in ("left", "right")
+
+
+def test_vocabulary_edges_repeats_and_specials_are_reached():
+    find(token_sequences(VOCAB, max_len=30), lambda s: VOCAB - 1 in s)
+    find(token_sequences(VOCAB, max_len=30, special_ids=[7]), lambda s: 7 in s)
+    find(token_sequences(VOCAB, max_len=30), lambda s: len(s) >= 8 and len(set(s)) == 1)
+    find(token_ids(VOCAB, special_ids=[7]), lambda t: t == VOCAB - 2)
+
+
+def test_failures_shrink_to_short_low_sequences():
+    assert find(token_sequences(VOCAB, max_len=50), lambda s: len(s) >= 3) == [0, 0, 0]
+    shape, prompts = find(
+        token_batches(VOCAB, shape=batch_shapes(max_batch=6)), lambda b: b[0].batch_size >= 2
+    )
+    assert shape.lengths == (1, 1) and prompts == [[0], [0]]
+
+
+def test_sampling_specs_shrink_to_plain_sampling_and_accept_values():
+    assert find(sampling_specs(), lambda s: True) == SamplingSpec(max_new_tokens=1, seed=0)
+    spec = find(sampling_specs(temperature=0.7, top_p=0.9), lambda s: True)
+    assert (spec.temperature, spec.top_p) == (0.7, 0.9)
+    assert find(precisions(), lambda p: True) == "float32"
+
+
+@pytest.mark.parametrize(
+    ("build", "named"),
+    [
+        (lambda: token_ids(0), "token_ids"),
+        (lambda: batch_shapes(min_batch=0), "batch_shapes batch"),
+        (lambda: batch_shapes(min_len=5, max_len=2), "batch_shapes length"),
+        (lambda: batch_shapes(padding_sides=()), "padding_sides"),
+    ],
+)
+def test_bad_arguments_are_named_when_the_strategy_is_built(build, named):
+    with pytest.raises(UsageError, match=named):
+        build()
+
+
+def test_bad_lengths_are_named_when_drawn():
+    with pytest.raises(UsageError, match="token_sequences length"):
+        find(token_sequences(VOCAB, min_len=5, max_len=st.just(2)), lambda s: True)
