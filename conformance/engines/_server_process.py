@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import http.client
+import json
 import os
 import shutil
 import signal
@@ -14,11 +15,13 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
-from conformance.errors import EngineUnavailable
+from conformance.errors import EngineCrashed, EngineUnavailable, UsageError
 
 #: log lines quoted when the server fails to start or dies
 LOG_TAIL_LINES = 15
@@ -31,7 +34,7 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """Start ``command(port)`` with ``env`` added to this process's environment.
+    """Start ``command(port)`` with ``env(root)`` added to this process's environment.
 
     ``label`` names the server in messages (``"SGLang server"``); ``root`` is the private
     folder (log, caches), removed by ``stop``.
@@ -41,7 +44,7 @@ class ServerProcess:
         self,
         label: str,
         command: Callable[[int], list[str]],
-        env: Mapping[str, str],
+        env: Callable[[str], Mapping[str, str]],
         *,
         prefix: str,
     ) -> None:
@@ -56,7 +59,7 @@ class ServerProcess:
                 command(port),
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **env},
+                env={**os.environ, **env(self.root)},
                 start_new_session=True,
             )
         atexit.register(self.stop)
@@ -121,3 +124,46 @@ class ServerProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def command_flags(args: Mapping[str, Any], *, negatable: bool) -> list[str]:
+    """Keyword arguments as ``--kebab-case`` flags. A false boolean is ``--no-flag`` where the
+    server's parser accepts that (vLLM), else left out (SGLang's switches)."""
+    flags: list[str] = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            flags += [flag] if value else (["--no-" + flag[2:]] if negatable else [])
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def post_json(
+    url: str, body: Mapping[str, Any], *, label: str, timeout_s: float, death: Callable[[], str]
+) -> Any:
+    """POST ``body`` as JSON and return the decoded reply. A 4xx is the request's fault
+    (``UsageError``); a 5xx or a dropped connection is the server's (``EngineCrashed``, with
+    ``death()`` saying what happened to it)."""
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as reply:
+            return json.load(reply)
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")[:500]
+        if exc.code < 500:
+            raise UsageError(
+                f"the {label} rejected a request (HTTP {exc.code}): {detail}",
+                "fix the request (lengths, sampling values) or the server's settings",
+            ) from None
+        raise EngineCrashed(
+            f"the {label} at {url} failed (HTTP {exc.code}): {detail}",
+            "check the server log; what was measured is kept",
+        ) from None
+    except (OSError, http.client.HTTPException) as exc:
+        raise EngineCrashed(
+            death() or f"the {label} at {url} stopped answering ({exc})",
+            "what was measured is kept; rerun",
+        ) from None

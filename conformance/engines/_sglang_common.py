@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from conformance.engines._vllm_common import _bool, _positive_int
+from conformance.engines._options import parse_bool, parse_engine_options, parse_positive_int
 from conformance.engines.base import Completion, EngineConfig, LogprobKind, SamplingSpec
 from conformance.errors import EngineUnavailable, UsageError
 
@@ -42,14 +42,14 @@ def _int(value: str) -> int:
 OPTIONS: dict[str, Callable[[str], Any]] = {
     "device": str,
     "attention_backend": str,
-    "max_total_tokens": _positive_int,
-    "disable_radix_cache": _bool,
+    "max_total_tokens": parse_positive_int,
+    "disable_radix_cache": parse_bool,
     "chunked_prefill_size": _int,
-    "max_running_requests": _positive_int,
-    "context_length": _positive_int,
-    "rope_cache_fp32": _bool,
+    "max_running_requests": parse_positive_int,
+    "context_length": parse_positive_int,
+    "rope_cache_fp32": parse_bool,
     # SGLang honours a request's sampling_seed only in deterministic-inference mode
-    "enable_deterministic_inference": _bool,
+    "enable_deterministic_inference": parse_bool,
 }
 
 #: the values the knob suite tries, one knob at a time on top of the configured options
@@ -77,22 +77,8 @@ def _defaults() -> dict[str, Any]:
 def parse_options(
     engine: str, options: Mapping[str, Any], *, extra: Mapping[str, Callable[[str], Any]]
 ) -> dict[str, Any]:
-    """Typed options with defaults filled in; an unknown key or bad value is a ``UsageError``."""
-    parsers = {**OPTIONS, **extra}
-    unknown = sorted(set(options) - set(parsers))
-    if unknown:
-        raise UsageError(
-            f"unknown {engine} option(s) {unknown}", f"valid options: {', '.join(sorted(parsers))}"
-        )
-    parsed: dict[str, Any] = {}
-    for key, value in options.items():
-        try:
-            parsed[key] = parsers[key](value)
-        except ValueError as exc:
-            raise UsageError(
-                f"{engine} option {key}={value!r} is invalid ({exc})", f"give {key} a valid value"
-            ) from None
-    return parsed
+    """Typed options without defaults (``with_defaults`` adds them)."""
+    return parse_engine_options(engine, options, {**OPTIONS, **extra}, {})
 
 
 def with_defaults(options: Mapping[str, Any]) -> dict[str, Any]:

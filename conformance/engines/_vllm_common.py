@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from conformance.engines._options import parse_bool, parse_engine_options, parse_positive_int
 from conformance.engines.base import EngineConfig, LogprobKind
 from conformance.errors import UsageError
 
@@ -20,30 +21,14 @@ LOGPROBS_MODE = {LogprobKind.RAW: "raw_logprobs", LogprobKind.PROCESSED: "proces
 MAX_LOGPROBS = -1
 
 
-def _bool(value: str) -> bool:
-    lowered = str(value).strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("expected true or false")
-
-
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise ValueError("expected an integer >= 1")
-    return number
-
-
 #: engine option → parser of its string value (as ``--tim-engine-option KEY=VALUE`` gives it)
 OPTIONS: dict[str, Callable[[str], Any]] = {
-    "enforce_eager": _bool,
-    "enable_chunked_prefill": _bool,
-    "max_num_batched_tokens": _positive_int,
-    "enable_prefix_caching": _bool,
-    "max_num_seqs": _positive_int,
-    "max_model_len": _positive_int,
+    "enforce_eager": parse_bool,
+    "enable_chunked_prefill": parse_bool,
+    "max_num_batched_tokens": parse_positive_int,
+    "enable_prefix_caching": parse_bool,
+    "max_num_seqs": parse_positive_int,
+    "max_model_len": parse_positive_int,
 }
 
 #: compiling on two CPU cores costs minutes; eager is what the harness measures by default
@@ -62,22 +47,8 @@ KNOBS: dict[str, tuple[str, ...]] = {
 def parse_options(
     engine: str, options: Mapping[str, Any], *, extra: Mapping[str, Callable[[str], Any]]
 ) -> dict[str, Any]:
-    """Typed options with defaults filled in; an unknown key or bad value is a ``UsageError``."""
-    parsers = {**OPTIONS, **extra}
-    unknown = sorted(set(options) - set(parsers))
-    if unknown:
-        raise UsageError(
-            f"unknown {engine} option(s) {unknown}", f"valid options: {', '.join(sorted(parsers))}"
-        )
-    parsed = dict(DEFAULTS)
-    for key, value in options.items():
-        try:
-            parsed[key] = parsers[key](value)
-        except ValueError as exc:
-            raise UsageError(
-                f"{engine} option {key}={value!r} is invalid ({exc})", f"give {key} a valid value"
-            ) from None
-    return parsed
+    """Typed options with vLLM's defaults filled in (see :func:`parse_engine_options`)."""
+    return parse_engine_options(engine, options, {**OPTIONS, **extra}, DEFAULTS)
 
 
 def engine_args(config: EngineConfig, options: Mapping[str, Any]) -> dict[str, Any]:

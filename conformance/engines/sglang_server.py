@@ -15,13 +15,12 @@ import http.client
 import json
 import os
 import sys
-import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
 from conformance.engines import _sglang_common as common
-from conformance.engines._server_process import ServerProcess
+from conformance.engines._server_process import ServerProcess, command_flags, post_json
 from conformance.engines.base import Completion, Engine, EngineConfig, SamplingSpec
 from conformance.errors import EngineCrashed, EngineUnavailable, UsageError
 
@@ -29,18 +28,6 @@ from conformance.errors import EngineCrashed, EngineUnavailable, UsageError
 START_TIMEOUT_ENV = "TIM_SGLANG_START_TIMEOUT"
 #: seconds one request may take
 REQUEST_TIMEOUT_S = 600.0
-
-
-def _flags(args: dict[str, Any]) -> list[str]:
-    """``sglang.Engine`` keyword arguments as ``launch_server`` flags (booleans are switches)."""
-    flags: list[str] = []
-    for key, value in args.items():
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            flags += [flag] if value else []
-        else:
-            flags += [flag, str(value)]
-    return flags
 
 
 class SGLangServerEngine(Engine):
@@ -80,9 +67,9 @@ class SGLangServerEngine(Engine):
             lambda port: [
                 sys.executable,
                 *("-m", "sglang.launch_server", "--host", "127.0.0.1", "--port", str(port)),
-                *_flags(args),
+                *command_flags(args, negatable=False),
             ],
-            self._env,
+            lambda _root: self._env,
             prefix="tim-sglang-server-",
         )
         self.url = self._server.url
@@ -113,31 +100,14 @@ class SGLangServerEngine(Engine):
     def _post(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         if self._closed:
             raise EngineCrashed(f"engine {self.name!r} was closed", "start a new engine")
-        request = urllib.request.Request(
+        server = self._server
+        return post_json(
             self.url + "/generate",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
+            body,
+            label="SGLang server",
+            timeout_s=REQUEST_TIMEOUT_S,
+            death=lambda: (server.died(wait_s=2.0) if server is not None else None) or "",
         )
-        try:
-            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as reply:
-                return json.load(reply)
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:500]
-            if exc.code < 500:
-                raise UsageError(
-                    f"the SGLang server rejected a request (HTTP {exc.code}): {detail}",
-                    "fix the request (lengths, sampling values) or the server's settings",
-                ) from None
-            raise EngineCrashed(
-                f"the SGLang server at {self.url} failed (HTTP {exc.code}): {detail}",
-                "check the server log; what was measured is kept",
-            ) from None
-        except (OSError, http.client.HTTPException) as exc:
-            death = self._server.died(wait_s=2.0) if self._server is not None else None
-            raise EngineCrashed(
-                death or f"the SGLang server at {self.url} stopped answering ({exc})",
-                "what was measured is kept; rerun",
-            ) from None
 
     # -- the Engine protocol ---------------------------------------------------------------
     def generate(

@@ -11,40 +11,24 @@ score, ``logprobs`` to sample, ``return_tokens_as_token_ids`` so tokens come bac
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import http.client
 import json
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from conformance.engines import _vllm_common as common
+from conformance.engines._server_process import ServerProcess, command_flags, post_json
 from conformance.engines.base import Completion, Engine, EngineConfig, SamplingSpec
 from conformance.errors import EngineCrashed, EngineUnavailable, UsageError
 
 #: seconds a started server may take to answer (≈40 s measured on 2 busy cores)
-START_TIMEOUT_S = float(os.environ.get("TIM_VLLM_START_TIMEOUT", "600"))
+START_TIMEOUT_ENV = "TIM_VLLM_START_TIMEOUT"
+START_TIMEOUT_S = float(os.environ.get(START_TIMEOUT_ENV, "600"))
 #: seconds one request may take
 REQUEST_TIMEOUT_S = 600.0
-#: log lines quoted when the server fails to start
-LOG_TAIL_LINES = 15
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _token_id(token: str) -> int:
@@ -52,97 +36,19 @@ def _token_id(token: str) -> int:
     return int(token.rpartition(":")[2])
 
 
-def _flags(args: dict[str, Any]) -> list[str]:
-    """``vllm.LLM`` keyword arguments as server command-line flags."""
-    flags = []
-    for key, value in args.items():
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(flag if value else "--no-" + flag[2:])
-        else:
-            flags += [flag, str(value)]
-    return flags
-
-
-class _Server:
-    """A vLLM server process this harness started, with its log in a private folder."""
-
-    def __init__(self, config: EngineConfig, options: dict[str, Any]) -> None:
-        self.root = tempfile.mkdtemp(prefix="tim-vllm-server-")
-        self.log_path = Path(self.root) / "server.log"
-        port = _free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        args = common.engine_args(config, options)
-        command = [
+def _start_server(config: EngineConfig, options: dict[str, Any]) -> ServerProcess:
+    args = common.engine_args(config, options)
+    return ServerProcess(
+        "vLLM server",
+        lambda port: [
             sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--host",
-            "127.0.0.1",
-            "--port",
+            *("-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port"),
             str(port),
-            *_flags(args),
-        ]
-        env = {
-            **os.environ,
-            **common.environment(self.root, enforce_eager=options["enforce_eager"]),
-        }
-        with self.log_path.open("wb") as log:
-            # a session of its own: stopping the group stops every process vLLM spawned
-            self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        atexit.register(self.stop)
-
-    def log_tail(self) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return " | ".join(line.strip() for line in lines[-LOG_TAIL_LINES:] if line.strip())
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            code = self.process.poll()
-            if code is not None:
-                raise EngineUnavailable(
-                    f"the vLLM server exited with code {code} before answering: {self.log_tail()}",
-                    "fix the cause in the server log above, or check the install (tox -e vllm)",
-                )
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as reply:
-                    if reply.status == 200:
-                        return
-            except (OSError, http.client.HTTPException):
-                pass
-            time.sleep(0.5)
-        tail = self.log_tail()
-        self.stop()
-        raise EngineUnavailable(
-            f"the vLLM server did not answer within {START_TIMEOUT_S:.0f} s: {tail}",
-            "raise TIM_VLLM_START_TIMEOUT or look at the server log",
-        )
-
-    def stop(self) -> None:
-        """Terminate the process group, escalate to SIGKILL, reap; then drop the folder."""
-        atexit.unregister(self.stop)
-        if self.process.poll() is None:
-            for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 15.0)):
-                try:
-                    os.killpg(self.process.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    self.process.wait(timeout=grace)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        else:
-            # the leader is gone; children it left in the group must not outlive it
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-        shutil.rmtree(self.root, ignore_errors=True)
+            *command_flags(args, negatable=True),
+        ],
+        lambda root: common.environment(root, enforce_eager=options["enforce_eager"]),
+        prefix="tim-vllm-server-",
+    )
 
 
 def _seeded_chunk(options: dict[str, Any]) -> int | None:
@@ -164,7 +70,7 @@ class VLLMServerEngine(Engine):
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
         self.options = common.parse_options(self.name, config.options, extra={"url": str})
-        self._server: _Server | None = None
+        self._server: ServerProcess | None = None
         self._closed = False
         self._seeded_chunk = _seeded_chunk(self.options)
         url = self.options.pop("url", None)
@@ -181,10 +87,10 @@ class VLLMServerEngine(Engine):
             return
         if common.vllm_version() is None:
             raise EngineUnavailable("vllm is not installed", common.INSTALL_HINT)
-        self._server = _Server(config, self.options)
+        self._server = _start_server(config, self.options)
         self.url = self._server.url
         try:
-            self._server.wait_ready()
+            self._server.wait_ready("/health", START_TIMEOUT_S, timeout_env=START_TIMEOUT_ENV)
             self._model_id, self._max_model_len = self._describe(attached=False)
         except BaseException:
             self._server.stop()
@@ -209,35 +115,14 @@ class VLLMServerEngine(Engine):
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         if self._closed:
             raise EngineCrashed(f"engine {self.name!r} was closed", "start a new engine")
-        request = urllib.request.Request(
+        server = self._server
+        return post_json(
             self.url + "/v1/completions",
-            data=json.dumps({"model": self._model_id, **body}).encode(),
-            headers={"Content-Type": "application/json"},
+            {"model": self._model_id, **body},
+            label="vLLM server",
+            timeout_s=REQUEST_TIMEOUT_S,
+            death=lambda: (server.died(wait_s=2.0) if server is not None else None) or "",
         )
-        try:
-            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as reply:
-                return json.load(reply)
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:500]
-            if exc.code < 500:
-                raise UsageError(
-                    f"the vLLM server rejected a request (HTTP {exc.code}): {detail}",
-                    "fix the request (lengths, sampling values) or the server's settings",
-                ) from None
-            raise EngineCrashed(
-                f"the vLLM server at {self.url} failed (HTTP {exc.code}): {detail}",
-                "check the server log; what was measured is kept",
-            ) from None
-        except (OSError, http.client.HTTPException) as exc:
-            raise EngineCrashed(self._death(exc), "what was measured is kept; rerun") from None
-
-    def _death(self, exc: BaseException) -> str:
-        if self._server is not None and self._server.process.poll() is not None:
-            return (
-                f"the vLLM server (pid {self._server.process.pid}) died with code "
-                f"{self._server.process.returncode}: {self._server.log_tail()}"
-            )
-        return f"the vLLM server at {self.url} stopped answering ({exc})"
 
     # -- the Engine protocol ---------------------------------------------------------------
     def generate(

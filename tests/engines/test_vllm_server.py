@@ -7,12 +7,11 @@ import importlib.util
 import os
 import random
 import signal
-import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.server_processes import free_url, group_ends, live_group_members, port_open
 
 from conformance.engines import EngineConfig, SamplingSpec
 from conformance.errors import EngineCrashed, EngineUnavailable, UsageError
@@ -27,43 +26,6 @@ def server_engine(model: Path, **options: str):
     from conformance.engines.vllm_server import VLLMServerEngine
 
     return VLLMServerEngine(EngineConfig(model=model, options=options))
-
-
-def port_open(url: str) -> bool:
-    host, port = url.removeprefix("http://").split(":")
-    with socket.socket() as probe:
-        return probe.connect_ex((host, int(port))) == 0
-
-
-def live_group_members(pgid: int) -> list[int]:
-    """Processes in a process group that are not zombies (those are their parent's to reap)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        state, _ppid, group = stat.rpartition(")")[2].split()[:3]
-        if int(group) == pgid and state != "Z":
-            members.append(int(entry.name))
-    return members
-
-
-def group_ends(pgid: int) -> bool:
-    """Whether the group empties: a SIGKILLed process lingers until the kernel tears it down."""
-    for _ in range(100):
-        if not live_group_members(pgid):
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def free_url() -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{probe.getsockname()[1]}"
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +107,10 @@ def test_attaching_to_a_running_server_gives_its_numbers(server, sequences) -> N
 def test_a_server_that_dies_mid_run_raises_engine_crashed_and_is_cleaned_up(
     default_model: Path, sequences
 ) -> None:
-    with pytest.raises(EngineCrashed, match="died"), server_engine(default_model) as engine:
+    with (
+        pytest.raises(EngineCrashed, match=r"vLLM server \(pid \d+\) exited with code -9"),
+        server_engine(default_model) as engine,
+    ):
         process = engine._server.process
         url = engine.url
         assert len(engine.score(sequences)) == len(sequences)
