@@ -48,6 +48,16 @@ BACKEND_MICRO_BATCH = Option(
 BACKEND_ATTN = Option(
     "backend-attn", "backend attention implementation: sdpa or eager (default: sdpa)", "sdpa"
 )
+BACKEND_OPTION = Option(
+    "backend-option", "backend-specific setting, repeatable", None, "KEY=VALUE", multiple=True
+)
+CALL_TIMEOUT = Option(
+    "call-timeout",
+    "seconds one engine or backend call may take; a call that overruns ends the run "
+    "incomplete as hung (default: 600)",
+    "600",
+    "S",
+)
 
 STACK_OPTIONS = (
     ENGINE,
@@ -62,6 +72,8 @@ STACK_OPTIONS = (
     ENGINE_URL,
     BACKEND_MICRO_BATCH,
     BACKEND_ATTN,
+    BACKEND_OPTION,
+    CALL_TIMEOUT,
 )
 
 
@@ -116,14 +128,12 @@ def resolve(
     return values
 
 
-def parse_key_values(pairs: list[str]) -> dict[str, str]:
+def parse_key_values(pairs: list[str], *, what: str = "engine option") -> dict[str, str]:
     """``["a=1", "b=x"]`` → ``{"a": "1", "b": "x"}``."""
     parsed = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise UsageError(
-                f"engine option {pair!r} is not KEY=VALUE", "write e.g. max_num_seqs=4"
-            )
+            raise UsageError(f"{what} {pair!r} is not KEY=VALUE", "write e.g. max_num_seqs=4")
         parsed[key.strip()] = value.strip()
     return parsed

@@ -176,10 +176,18 @@ def recorder(tim: HarnessSession) -> Any:
     return tim.recorder
 
 
+#: fixtures that need a working stack; once it crashed, tests using them are skipped
+_STACK_FIXTURES = frozenset({"tim", "engine", "backend", "recorder"})
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     harness = item.config.stash.get(SESSION_KEY, None)
-    if harness is not None and harness.crash and "engine" in getattr(item, "fixturenames", ()):
-        pytest.skip(f"no engine: {harness.crash}")
+    if (
+        harness is not None
+        and harness.crash
+        and _STACK_FIXTURES & set(getattr(item, "fixturenames", ()))
+    ):
+        pytest.skip(f"the stack crashed: {harness.crash}")
 
 
 # -- hooks: turn each test using the recorder into a check ---------------------------------

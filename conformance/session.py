@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from conformance.backends import BACKENDS, Backend
-from conformance.engine_guard import GuardedEngine
-from conformance.engines import ENGINES
-from conformance.errors import ConformanceError, EngineCrashed, EngineUnavailable, UsageError
+from conformance.engines import ENGINES, Engine
+from conformance.errors import ConformanceError, EngineCrashed, EngineUnavailable
+from conformance.guard import CallTimedOut, Guarded, deadline
 from conformance.stack import StackSpec, fingerprint
 
 #: token-level points kept per check for the report's plots; the rest stay in results.jsonl
@@ -147,24 +147,6 @@ class Recorder:
         return self.current
 
 
-class TimedBackend:
-    """A backend wrapper that adds the time spent in ``recompute`` to a shared counter."""
-
-    def __init__(self, backend: Backend, timing: dict[str, float]) -> None:
-        self.inner = backend
-        self._timing = timing
-
-    def recompute(self, *args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return self.inner.recompute(*args, **kwargs)
-        finally:
-            self._timing["backend_s"] += time.perf_counter() - started
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
 class HarnessSession:
     """State of one run, kept in ``config.stash`` by the plugin and used by certify."""
 
@@ -184,13 +166,18 @@ class HarnessSession:
         self.final_report: dict[str, Any] | None = None
         #: the RL smoke run's summary, with ``curves_path`` relative to the report folder
         self.rl: dict[str, Any] | None = None
-        self._engine: GuardedEngine | None = None
-        self._backends: dict[tuple[Any, ...], TimedBackend] = {}
+        #: engines and backends started so far, by their option changes (``()``: the stack's own)
+        self._engines: dict[tuple[Any, ...], Guarded] = {}
+        self._backends: dict[tuple[Any, ...], Guarded] = {}
+        self._infos: dict[str, dict[str, Any]] = {}
         self._model_info: Any = None
         self._started = dt.datetime.now(dt.UTC)
         self._clock = time.perf_counter()
-        #: seconds spent starting the engine and backends, and inside backend calls
-        self.timing = {"engine_start_s": 0.0, "backend_start_s": 0.0, "backend_s": 0.0}
+        #: seconds spent starting engines and backends and inside their calls; everything else
+        #: in the wall time is the harness's own overhead
+        self.timing = dict.fromkeys(
+            ("engine_start_s", "engine_s", "backend_start_s", "backend_s"), 0.0
+        )
         if report_dir is not None:
             report_dir.mkdir(parents=True, exist_ok=True)
             (report_dir / "results.jsonl").write_text("")
@@ -205,53 +192,90 @@ class HarnessSession:
         return self._model_info
 
     @property
-    def engine(self) -> GuardedEngine:
-        if self.crash is not None:
-            raise EngineCrashed(f"engine crashed earlier: {self.crash}", "see results.jsonl")
-        if self._engine is None:
-            engine_cls = ENGINES.get(self.spec.engine)
-            config = self.spec.engine_config(self.model_info.path)
-            started = time.perf_counter()
-            try:
-                inner = engine_cls(config)
-            except UsageError:
-                raise
-            except Exception as exc:
-                # no engine means no measurement: the rest of the run is skipped, not errored
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                self._on_crash(f"engine {self.spec.engine!r} failed to start: {first}")
-                raise EngineUnavailable(
-                    f"engine {self.spec.engine!r} failed to start: {first}",
-                    getattr(exc, "fix", "") or "see the engine's log above",
-                ) from exc
-            self._engine = GuardedEngine(inner, on_crash=self._on_crash)
-            self.timing["engine_start_s"] += time.perf_counter() - started
-            self.log(event="engine_started", info=self._engine.info())
-        return self._engine
+    def engine(self) -> Engine:
+        """The engine under test, started on first use."""
+        return self.engine_variant()
+
+    def engine_variant(self, **option_changes: str) -> Engine:
+        """The engine under test started with ``option_changes`` on top of its own options
+        (strings, as ``--engine-option`` gives them), guarded and timed like it.
+
+        Each distinct variant starts once. Variants hold memory (a KV cache each), so starting
+        one closes the variant before it; the stack's own engine stays.
+        """
+        key = tuple(sorted(option_changes.items()))
+        if key not in self._engines:
+            for old in [k for k in self._engines if k]:
+                self._engines.pop(old).close()
+            config = self.spec.engine_config(self.model_info.path, **option_changes)
+            self._engines[key] = self._start("engine", self.spec.engine, ENGINES, config, key)
+        return self._engines[key]
 
     def backend_variant(self, **changes: Any) -> Backend:
         """The backend, or a variant of it (e.g. another micro-batch size), built once each."""
         key = tuple(sorted(changes.items()))
         if key not in self._backends:
             config = self.spec.backend_config(self.model_info.path, **changes)
-            started = time.perf_counter()
-            self._backends[key] = TimedBackend(BACKENDS.get(self.spec.backend)(config), self.timing)
-            self.timing["backend_start_s"] += time.perf_counter() - started
+            self._backends[key] = self._start("backend", self.spec.backend, BACKENDS, config, key)
         return self._backends[key]
 
     @property
     def backend(self) -> Backend:
         return self.backend_variant()
 
+    def _start(self, kind: str, name: str, registry: Any, config: Any, key: tuple) -> Guarded:
+        """Build a component within the call deadline; a failure to start ends the run.
+
+        Start time is the component's own work, booked to ``timing[kind + "_start_s"]``.
+        """
+        if self.crash is not None:
+            raise EngineCrashed(f"the stack crashed earlier: {self.crash}", "see results.jsonl")
+        component_cls = registry.get(name)
+        started = time.perf_counter()
+        try:
+            with deadline(self.spec.call_timeout, f"starting {kind} {name!r}"):
+                inner = component_cls(config)
+        except ConformanceError:
+            raise
+        except (Exception, CallTimedOut) as exc:
+            # no engine or backend means no measurement: the rest is skipped, not errored
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            reason = f"{kind} {name!r} failed to start: {first}"
+            self._on_crash(reason)
+            raise EngineUnavailable(
+                reason, getattr(exc, "fix", "") or f"see the {kind}'s log above"
+            ) from exc
+        finally:
+            self.timing[f"{kind}_start_s"] += time.perf_counter() - started
+        guarded = Guarded(
+            inner,
+            kind=kind,
+            on_crash=self._on_crash,
+            timing=self.timing,
+            deadline_s=self.spec.call_timeout,
+        )
+        info = guarded.info()
+        if not key:
+            # kept for the report, which is written after everything has been closed
+            self._infos[kind] = info
+        self.log(event=f"{kind}_started", changes=dict(key), info=info)
+        return guarded
+
     def _on_crash(self, reason: str) -> None:
-        self.crash = reason
-        self.log(event="engine_crash", reason=reason)
+        if self.crash is None:
+            self.crash = reason
+        self.log(event="crash", reason=reason)
 
     def close(self) -> None:
-        if self._engine is not None:
-            self._engine.close()
-        for backend in self._backends.values():
-            backend.close()
+        """Close every engine and backend started; one failing to close does not keep the
+        others open."""
+        for component in [*self._engines.values(), *self._backends.values()]:
+            try:
+                component.close()
+            except Exception as exc:
+                self.log(event="close_failed", kind=component.kind, error=repr(exc))
+        self._engines.clear()
+        self._backends.clear()
 
     # -- recording -----------------------------------------------------------------------
     def log(self, **event: Any) -> None:
@@ -312,11 +336,7 @@ class HarnessSession:
 
     def report(self) -> dict[str, Any]:
         verdict, reason = self.verdict()
-        try:
-            engine_info = self._engine.info() if self._engine is not None else {}
-        except ConformanceError:
-            engine_info = {"engine": self.spec.engine}
-        backend_info = self.backend.info() if self._backends else {}
+        engine_info, backend_info = self._infos.get("engine", {}), self._infos.get("backend", {})
         return {
             "schema": 1,
             "verdict": verdict,
@@ -337,13 +357,12 @@ class HarnessSession:
         }
 
     def _timing(self) -> dict[str, float]:
-        """Wall time of the run and the share spent in the engine and backend themselves."""
-        engine_s = self._engine.busy_s if self._engine is not None else 0.0
-        compute = engine_s + sum(self.timing.values())
+        """Wall time of the run, the seconds the engines and backends spent starting and
+        computing, and the harness's overhead: the rest of the wall time, per second of that."""
+        compute = sum(self.timing.values())
         wall = time.perf_counter() - self._clock
         return {
             "wall_s": round(wall, 3),
-            "engine_s": round(engine_s, 3),
             **{k: round(v, 3) for k, v in self.timing.items()},
             "harness_overhead": round((wall - compute) / compute, 4) if compute else 0.0,
         }

@@ -56,6 +56,9 @@ class StackSpec:
     engine_options: dict[str, str] = field(default_factory=dict)
     backend_micro_batch: int = 8
     backend_attn: str = "sdpa"
+    backend_options: dict[str, str] = field(default_factory=dict)
+    #: seconds one engine or backend call may take before the run ends incomplete (hung)
+    call_timeout: float = 600.0
 
     @classmethod
     def from_options(cls, values: dict[str, Any]) -> StackSpec:
@@ -83,6 +86,8 @@ class StackSpec:
             engine_options=options,
             backend_micro_batch=_positive_int("backend-micro-batch", values["backend-micro-batch"]),
             backend_attn=values["backend-attn"],
+            backend_options=parse_key_values(values["backend-option"], what="backend option"),
+            call_timeout=_positive_number("call-timeout", values["call-timeout"]),
         )
 
     def model_dir(self) -> Path:
@@ -106,6 +111,7 @@ class StackSpec:
             dtype=self.backend_dtype,
             micro_batch_size=self.backend_micro_batch,
             attn_implementation=self.backend_attn,
+            options=dict(self.backend_options),
         )
         return replace(config, **changes)
 
@@ -124,6 +130,10 @@ class StackSpec:
             args += ["--tim-backend-micro-batch", str(self.backend_micro_batch)]
         if self.backend_attn != "sdpa":
             args += ["--tim-backend-attn", self.backend_attn]
+        for key, value in sorted(self.backend_options.items()):
+            args += ["--tim-backend-option", f"{key}={value}"]
+        if self.call_timeout != StackSpec.call_timeout:
+            args += ["--tim-call-timeout", f"{self.call_timeout:g}"]
         return args
 
 
@@ -134,6 +144,16 @@ def _positive_int(name: str, value: Any) -> int:
         number = 0
     if number < 1:
         raise UsageError(f"--{name} {value!r} is not a positive integer", f"pass e.g. --{name} 10")
+    return number
+
+
+def _positive_number(name: str, value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = 0.0
+    if not number > 0:
+        raise UsageError(f"--{name} {value!r} is not a positive number", f"pass e.g. --{name} 600")
     return number
 
 

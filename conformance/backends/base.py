@@ -7,8 +7,8 @@ being ``log p(s[t + 1] | s[: t + 1])``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -28,6 +28,8 @@ class BackendConfig:
     micro_batch_size: int = 8
     layout: Layout = "right-pad"
     attn_implementation: str = "sdpa"
+    #: backend-specific settings as ``--backend-option KEY=VALUE`` gives them (strings)
+    options: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -53,9 +55,17 @@ class Backend(ABC):
         sequences: Sequence[Sequence[int]],
         *,
         temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
         grad: bool = False,
     ) -> Recompute:
-        """Log-probabilities (of ``log_softmax(logits / temperature)``) and entropies.
+        """Log-probabilities and entropies of the next-token distribution at every position.
+
+        By default the raw model distribution ``log_softmax(logits)``. With ``temperature``,
+        ``top_k`` (0 = off) or ``top_p`` (1.0 = off), the *processed* distribution a sampler
+        draws from: logits / temperature, then everything outside the top k and outside the
+        smallest nucleus of mass ≥ top_p masked out and the rest renormalised (the order of
+        vLLM's and transformers' samplers). A token outside it gets ``-inf``.
 
         With ``grad=True`` the log-probabilities carry the autograd graph (for RL updates).
         """
@@ -73,6 +83,7 @@ class Backend(ABC):
             "micro_batch_size": c.micro_batch_size,
             "layout": c.layout,
             "attn_implementation": c.attn_implementation,
+            "options": dict(c.options),
         }
 
     def close(self) -> None:
