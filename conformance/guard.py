@@ -110,12 +110,16 @@ class Guarded:
             self._timing[f"{self.kind}_s"] += time.perf_counter() - started
 
     def close(self) -> None:
-        """Close the component once; a dead one gets a bounded attempt (it may hang again)."""
+        """Close the component once; a dead one gets a bounded attempt (it may hang again).
+        Closing (freeing a KV cache, stopping a server) is the component's time, not ours."""
         if self._closed:
             return
         self._closed = True
+        started = time.perf_counter()
         try:
             with deadline(self._deadline_s if self._dead else None, f"closing {self._label}"):
                 self.inner.close()
         except CallTimedOut:
             self._on_crash(f"{self._dead}; closing it hung too")
+        finally:
+            self._timing[f"{self.kind}_s"] += time.perf_counter() - started

@@ -43,9 +43,12 @@ class CheckRecord:
     lp_infer: list[list[float]] = field(default_factory=list)
     positions: list[list[int]] = field(default_factory=list)
     extra: dict[str, float] = field(default_factory=dict)
+    #: what sets this check apart from the stack's own run (e.g. a variant engine's options)
+    context: dict[str, Any] = field(default_factory=dict)
     worst: tuple[float, dict[str, Any], dict[str, float]] | None = None
     failing_case: dict[str, Any] | None = None
     failing_metrics: dict[str, float] | None = None
+    failing_headline: str | None = None
     examples_run: int = 0
 
     def pooled(self) -> dict[str, float]:
@@ -76,13 +79,9 @@ class Recorder:
         positions: Sequence[Sequence[int]] | None = None,
     ) -> dict[str, float]:
         """Record token-aligned logprob rows of one example; return its mismatch metrics."""
-        from conformance.metrics import mismatch_metrics, stack_ragged
-
         record = self._require_check()
         train_rows, infer_rows = _float_rows(lp_train), _float_rows(lp_infer)
-        train, mask = stack_ragged(train_rows)
-        infer, _ = stack_ragged(infer_rows)
-        metrics = mismatch_metrics(train, infer, mask)
+        metrics = _example_metrics(train_rows, infer_rows)
         record.examples_run += 1
         record.lp_train.extend(train_rows)
         record.lp_infer.extend(infer_rows)
@@ -107,11 +106,25 @@ class Recorder:
         record.extra.update(values)
         self._session.log(event="note", nodeid=record.nodeid, values=values)
 
+    def describe(self, **context: Any) -> None:
+        """Record what sets the current check apart (kept in its report entry as ``context``)."""
+        self._require_check().context.update(context)
+
+    def violations(
+        self, lp_train: Sequence[Sequence[float]], lp_infer: Sequence[Sequence[float]]
+    ) -> list[Any]:
+        """The per-token/per-sequence bounds one example breaks, measured but not recorded (to
+        replay a failing case on other engines)."""
+        return self._per_example(_example_metrics(_float_rows(lp_train), _float_rows(lp_infer)))
+
+    def _per_example(self, metrics: dict[str, float]) -> list[Any]:
+        per_example = {k: v for k, v in metrics.items() if k in PER_EXAMPLE_METRICS}
+        return self._session.profile.check(per_example)
+
     def check_profile(self, metrics: dict[str, float], case: dict[str, Any]) -> None:
         """Assert the profile's per-token/per-sequence bounds on one example; the failure names
         metric, value, threshold, case and replay command."""
-        per_example = {k: v for k, v in metrics.items() if k in PER_EXAMPLE_METRICS}
-        violations = self._session.profile.check(per_example)
+        violations = self._per_example(metrics)
         if violations:
             self.fail(
                 f"{_describe(violations)} (profile {self._session.profile.name})", case, metrics
@@ -136,6 +149,7 @@ class Recorder:
         """Fail the current example with a message that carries its minimal reproducer."""
         record = self._require_check()
         record.failing_case, record.failing_metrics = case, metrics
+        record.failing_headline = headline
         replay = self._session.replay_command(record.nodeid)
         raise AssertionError(
             f"{record.suite}: {headline}\n  case: {json.dumps(case)}\n  replay: {replay}"
@@ -246,7 +260,8 @@ class HarnessSession:
                 reason, getattr(exc, "fix", "") or f"see the {kind}'s log above"
             ) from exc
         finally:
-            self.timing[f"{kind}_start_s"] += time.perf_counter() - started
+            seconds = time.perf_counter() - started
+            self.timing[f"{kind}_start_s"] += seconds
         guarded = Guarded(
             inner,
             kind=kind,
@@ -258,7 +273,7 @@ class HarnessSession:
         if not key:
             # kept for the report, which is written after everything has been closed
             self._infos[kind] = info
-        self.log(event=f"{kind}_started", changes=dict(key), info=info)
+        self.log(event=f"{kind}_started", changes=dict(key), seconds=round(seconds, 3), info=info)
         return guarded
 
     def _on_crash(self, reason: str) -> None:
@@ -310,6 +325,7 @@ class HarnessSession:
             or (record.worst[2] if record.worst else None),
             "samples": _samples(record),
             "examples_run": record.examples_run,
+            "context": record.context,
         }
         self.checks.append(entry)
         self.log(event="check", **{k: v for k, v in entry.items() if k != "samples"})
@@ -381,6 +397,15 @@ def _describe(violations: Sequence[Any]) -> str:
         f"{v.metric} = {v.value:.4g} {'>' if v.bound == 'max' else '<'} {v.threshold:.4g}"
         for v in violations
     )
+
+
+def _example_metrics(lp_train: list[list[float]], lp_infer: list[list[float]]) -> dict[str, float]:
+    """Mismatch metrics of token-aligned rows (ragged: one row per sequence)."""
+    from conformance.metrics import mismatch_metrics, stack_ragged
+
+    train, mask = stack_ragged(lp_train)
+    infer, _ = stack_ragged(lp_infer)
+    return mismatch_metrics(train, infer, mask)
 
 
 def _float_rows(rows: Sequence[Any]) -> list[list[float]]:

@@ -1,80 +1,87 @@
 """Engine knobs as property dimensions.
 
-Scheduling and caching settings are meant to change speed, not numbers. For each knob the
-engine offers (``Engine.knobs()``: chunked prefill on/off and its chunk size, prefix caching
-on/off, max_num_seqs, eager vs compiled), an engine started with the knob's value scores the
-same sequences and samples the same rollouts as the session's engine, within the active
+Scheduling and caching settings are meant to change speed, not numbers. Each engine declares
+its knobs and the values to try (``Engine.knobs()``; vLLM: chunked prefill and its chunk size,
+prefix caching, max_num_seqs, eager vs compiled; SGLang: radix cache, chunked prefill size,
+max_running_requests). Every value runs in one of at most three variant engines, each holding
+several knobs at once (``conformance.knobs.cover``). A variant scores the same sequences as the
+session's engine, and samples rollouts that the session's engine rescores, within the active
 profile. Rollouts run twice so that, with prefix caching on, the second pass reads its prompts
-from the cache: a cache hit must not change logprobs beyond the profile. A knob the engine does
-not offer is skipped with the reason.
+from the cache: a cache hit must not change logprobs beyond the profile. A variant that fails
+replays its minimal case on engines holding parts of its knobs, so the failure names the knob.
 """
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.engines import ENGINES
+from conformance.engines import SamplingSpec
+from conformance.knobs import MAX_VARIANTS, cover, smallest_failing, with_requirements
 from conformance.strategies import sampling_specs
 from conformance.suite_support import case, generated_rows, prompt_batches
 
-#: the knobs this suite knows how to vary; each value of each starts one engine
-KNOBS = (
-    "enable_chunked_prefill",
-    "max_num_batched_tokens",
-    "enable_prefix_caching",
-    "max_num_seqs",
-    "enforce_eager",
-)
-#: the most values per knob an engine may offer (extra tests skip when it offers fewer)
-MAX_VALUES = 2
 
-
-@pytest.fixture
-def variant(request, engine, tim) -> Iterator[tuple[str, Any, Any]]:
-    """An engine like the session's with one knob changed; stopped when the test ends."""
-    knob, index = request.param
-    offered = engine.knobs()
-    if knob not in offered:
-        pytest.skip(f"engine {engine.name!r} does not offer the knob {knob}")
-    if index >= len(offered[knob]):
-        pytest.skip(f"engine {engine.name!r} offers {len(offered[knob])} value(s) of {knob}")
-    value = offered[knob][index]
-    config = tim.spec.engine_config(tim.model_info.path, **{knob: value})
-    started = ENGINES.get(engine.name)(config)
-    try:
-        yield knob, value, started
-    finally:
-        started.close()
-
-
-@pytest.mark.parametrize(
-    "variant",
-    [(knob, index) for knob in KNOBS for index in range(MAX_VALUES)],
-    indirect=True,
-    ids=lambda param: f"{param[0]}-{param[1]}",
-)
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data())
-def test_knob_keeps_logprobs(data, variant, engine, model, recorder):
-    knob, value, changed = variant
-    shape, sequences = data.draw(prompt_batches(model, min_len=2), label="batch")
-    example = case(sequences, shape, knob=knob, value=value)
-    metrics = recorder.measure(engine.score(sequences), changed.score(sequences), case=example)
-    recorder.check_profile(metrics, example)
-
-    spec = data.draw(sampling_specs(), label="sampling")
-    shape, prompts = data.draw(prompt_batches(model, max_new_tokens=spec.max_new_tokens), "batch")
-    example = case(prompts, shape, spec, knob=knob, value=value)
+def compare(reference: Any, variant: Any, prompts: list[list[int]], spec: SamplingSpec | None):
+    """(lp_train, lp_infer, positions) of the variant against the session's engine: the
+    variant's scores of ``prompts`` (no ``spec``), or its rollouts, twice, rescored."""
+    if spec is None:
+        return [(reference.score(prompts), variant.score(prompts), None)]
+    rows = []
     for _ in range(2):
         try:
-            completions = changed.generate(prompts, spec)
+            completions = variant.generate(prompts, spec)
         except NotImplementedError:
-            # a rollout this knob value cannot sample (the engine says why); scoring was checked
-            return
-        rescored = engine.score([c.sequence for c in completions])
-        lp_train, lp_infer, positions = generated_rows(completions, rescored)
-        metrics = recorder.measure(lp_train, lp_infer, case=example, positions=positions)
-        recorder.check_profile(metrics, example)
+            # a rollout this variant cannot sample (the engine says why); scoring was checked
+            break
+        rows.append(generated_rows(completions, reference.score([c.sequence for c in completions])))
+    return rows
+
+
+@pytest.mark.parametrize("index", range(MAX_VARIANTS), ids=lambda index: f"variant{index}")
+def test_knobs_keep_logprobs(index, tim, engine, model, recorder):
+    variants = cover(engine.knobs())
+    if index >= len(variants):
+        pytest.skip(f"engine {engine.name!r} holds its knobs' values in {len(variants)} variants")
+    knobs = variants[index]
+    recorder.describe(knobs=knobs)
+    variant = tim.engine_variant(**knobs)
+
+    def check(prompts, shape, spec):
+        example = case(prompts, shape, spec, knobs=knobs)
+        for lp_train, lp_infer, positions in compare(engine, variant, prompts, spec):
+            metrics = recorder.measure(lp_train, lp_infer, case=example, positions=positions)
+            recorder.check_profile(metrics, example)
+
+    @given(data=st.data())
+    def knobs_keep_logprobs(data):
+        shape, sequences = data.draw(prompt_batches(model, min_len=2), label="batch")
+        check(sequences, shape, None)
+        spec = data.draw(sampling_specs(), label="sampling")
+        shape, prompts = data.draw(
+            prompt_batches(model, max_new_tokens=spec.max_new_tokens), "batch"
+        )
+        check(prompts, shape, spec)
+
+    try:
+        knobs_keep_logprobs()
+    except AssertionError:
+        failed = recorder.current
+        minimal = failed.failing_case
+        if minimal is None:
+            raise
+        spec = SamplingSpec(**minimal["sampling"]) if minimal["sampling"] else None
+
+        def fails(part):
+            started = tim.engine_variant(**with_requirements(part, engine.knobs()))
+            rows = compare(engine, started, minimal["prompt_ids"], spec)
+            return any(recorder.violations(train, infer) for train, infer, _ in rows)
+
+        culprit = smallest_failing(knobs, fails)
+        named = ", ".join(f"{k}={v}" for k, v in culprit.items())
+        recorder.fail(
+            f"{named} changes logprobs: {failed.failing_headline} (variant {knobs})",
+            {**minimal, "knobs": culprit},
+            failed.failing_metrics,
+        )

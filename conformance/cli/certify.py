@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from conformance import env
 from conformance.errors import EngineCrashed, UsageError
 from conformance.options import add_stack_options, pyproject_table, resolve
 
@@ -31,7 +32,7 @@ def add_parser(subparsers: Any) -> None:
         help="run the conformance suites on a stack and certify it",
         description="Run the conformance suites (pytest, in-process) on an engine + backend + "
         "model + dtype stack; write report.json, report.html and certificate.json.",
-        epilog=EPILOG,
+        epilog=EPILOG + env.help_text(env.STACK),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_stack_options(parser.add_argument, prefix="")

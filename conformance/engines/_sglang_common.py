@@ -24,12 +24,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from conformance.engines._options import parse_bool, parse_engine_options, parse_positive_int
-from conformance.engines.base import Completion, EngineConfig, LogprobKind, SamplingSpec
+from conformance.engines.base import Completion, EngineConfig, Knob, LogprobKind, SamplingSpec
+from conformance.env import SGL_KERNEL_STANDIN
 from conformance.errors import EngineUnavailable, UsageError
-
-INSTALL_HINT = "pip install 'sglang==0.5.23' (or tox -e sglang)"
-#: environment variable naming the folder that holds the pure-torch ``sgl_kernel`` stand-in
-STANDIN_ENV = "TIM_SGL_KERNEL_STANDIN"
 
 log = logging.getLogger("conformance.engines.sglang")
 
@@ -52,11 +49,11 @@ OPTIONS: dict[str, Callable[[str], Any]] = {
     "enable_deterministic_inference": parse_bool,
 }
 
-#: the values the knob suite tries, one knob at a time on top of the configured options
-KNOBS: dict[str, tuple[str, ...]] = {
-    "disable_radix_cache": ("false", "true"),
-    "chunked_prefill_size": ("16", "64"),
-    "max_running_requests": ("1", "4"),
+#: what the knob suite varies (``conformance.knobs``: two variant engines hold these values)
+KNOBS: dict[str, Knob] = {
+    "disable_radix_cache": Knob(("false", "true")),
+    "chunked_prefill_size": Knob(("16", "64")),
+    "max_running_requests": Knob(("1", "4")),
 }
 
 
@@ -117,6 +114,20 @@ def sglang_version() -> str | None:
         return None
 
 
+def describe(
+    options: Mapping[str, Any], env: Mapping[str, str], standin: str | None
+) -> dict[str, Any]:
+    """The SGLang part of an engine's ``info()``."""
+    return {
+        "sglang": sglang_version(),
+        "knobs": dict(options),
+        "env": dict(env),
+        "sgl_kernel_standin": standin,
+        # SGLang applies sampling_seed only in deterministic-inference mode
+        "seeded": bool(options.get("enable_deterministic_inference")),
+    }
+
+
 def _real_kernels_import() -> bool:
     try:
         module = importlib.import_module("sgl_kernel")
@@ -136,16 +147,17 @@ def kernel_standin(device: str) -> str | None:
     """
     if device != "cpu" or _real_kernels_import():
         return None
-    folder = os.environ.get(STANDIN_ENV)
+    folder = SGL_KERNEL_STANDIN.get()
     if not folder:
         raise EngineUnavailable(
             "sgl_kernel does not import here, and SGLang's CPU engine needs its CPU kernels",
-            f"install an sgl_kernel build for this machine, or for tests set {STANDIN_ENV}="
-            "<repo>/tests/support/sgl_kernel_cpu",
+            "install an sgl_kernel build for this machine, or set "
+            f"{SGL_KERNEL_STANDIN.name} to a folder holding a stand-in (tox -e sglang does)",
         )
     if not os.path.isfile(os.path.join(folder, "sgl_kernel", "__init__.py")):
         raise UsageError(
-            f"{STANDIN_ENV}={folder} holds no sgl_kernel package", "point it at its parent folder"
+            f"{SGL_KERNEL_STANDIN.name}={folder} holds no sgl_kernel package",
+            "point it at its parent folder",
         )
     return folder
 

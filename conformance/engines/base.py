@@ -77,6 +77,20 @@ class Completion:
         return self.prompt + self.tokens
 
 
+@dataclass(frozen=True)
+class Knob:
+    """An engine option meant to change speed, not numbers, and the values the knob suite tries
+    (strings, as ``EngineConfig.options`` takes them).
+
+    ``requires`` holds options that must be set alongside any of these values (vLLM's prefill
+    budget may only drop below the context length with chunked prefill on); every variant engine
+    holding one of the values sets them too.
+    """
+
+    values: tuple[str, ...]
+    requires: Mapping[str, str] = field(default_factory=dict)
+
+
 @dataclass
 class EngineConfig:
     """What every engine is built from. ``options`` holds engine-specific knobs."""
@@ -93,6 +107,10 @@ class Engine(ABC):
 
     #: registry name, e.g. ``"vllm"``
     name: ClassVar[str]
+    #: the engine's knobs: option name → the values to try. The knob suite starts a few variant
+    #: engines that together hold every value (``conformance.knobs``); declaring them here is all
+    #: an engine does to have them varied.
+    KNOBS: ClassVar[Mapping[str, Knob]] = {}
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -122,10 +140,10 @@ class Engine(ABC):
             "or choose an engine that can (hf-generate, vllm, sglang)"
         )
 
-    def knobs(self) -> dict[str, tuple[Any, ...]]:
-        """Engine options the suites may vary: option name → values to try (strings, as
-        ``EngineConfig.options`` takes them). Each value means a fresh engine."""
-        return {}
+    def knobs(self) -> Mapping[str, Knob]:
+        """The knobs this engine can vary: its class's ``KNOBS`` (none where the engine cannot
+        be restarted with other options, e.g. a server the user runs)."""
+        return self.KNOBS
 
     def info(self) -> dict[str, Any]:
         """What identifies this engine in a stack fingerprint: versions, knobs, device."""

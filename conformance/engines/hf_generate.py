@@ -7,7 +7,7 @@ full-sequence forward, which is what makes it a useful reference engine.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from conformance.engines.base import (
     Completion,
@@ -19,21 +19,21 @@ from conformance.engines.base import (
 from conformance.errors import UsageError
 from conformance.hf_model import device, gather_logprobs, load_causal_lm
 
-_OPTIONS = {"attn_implementation": "sdpa"}
-
 
 class HFGenerateEngine(Engine):
     name = "hf-generate"
+    #: option → default (strings, as ``--engine-option`` gives them); subclasses add theirs
+    OPTIONS: ClassVar[Mapping[str, str]] = {"attn_implementation": "sdpa"}
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
-        unknown = set(config.options) - set(_OPTIONS)
+        unknown = set(config.options) - set(self.OPTIONS)
         if unknown:
             raise UsageError(
-                f"unknown hf-generate option(s) {sorted(unknown)}",
-                f"valid options: {', '.join(_OPTIONS)}",
+                f"unknown {self.name} option(s) {sorted(unknown)}",
+                f"valid options: {', '.join(self.OPTIONS)}",
             )
-        self.options = {**_OPTIONS, **config.options}
+        self.options = {**self.OPTIONS, **config.options}
         self._model = load_causal_lm(
             config.model, config.dtype, self.options["attn_implementation"]
         )

@@ -19,6 +19,7 @@ from conformance.errors import EngineCrashed, EngineUnavailable
 
 class SGLangEngine(Engine):
     name = "sglang"
+    KNOBS = common.KNOBS
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
@@ -55,8 +56,6 @@ class SGLangEngine(Engine):
         ]
 
     def _run(self, request: dict[str, Any]) -> list[dict[str, Any]]:
-        if self._engine is None:
-            raise EngineCrashed(f"engine {self.name!r} was closed", "start a new engine")
         return self._engine.generate(**request)
 
     def generate(
@@ -79,8 +78,6 @@ class SGLangEngine(Engine):
         maps checkpoint names onto its fused layers; the prefix cache is flushed with it. SGLang
         takes updates only inside a begin/end weight-update session.
         """
-        if self._engine is None:
-            raise EngineCrashed(f"engine {self.name!r} was closed", "start a new engine")
         self._engine.begin_weight_update()
         try:
             success, message = self._engine.update_weights_from_tensor(list(state_dict.items()))
@@ -89,18 +86,8 @@ class SGLangEngine(Engine):
         if not success:
             raise EngineCrashed(f"SGLang did not take the new weights: {message}", "check names")
 
-    def knobs(self) -> dict[str, tuple[Any, ...]]:
-        return dict(common.KNOBS)
-
     def info(self) -> dict[str, Any]:
-        info = super().info()
-        info["sglang"] = common.sglang_version()
-        info["knobs"] = dict(self.options)
-        info["env"] = dict(self._env)
-        info["sgl_kernel_standin"] = self._standin
-        # SGLang applies sampling_seed only in deterministic-inference mode
-        info["seeded"] = bool(self.options.get("enable_deterministic_inference"))
-        return info
+        return {**super().info(), **common.describe(self.options, self._env, self._standin)}
 
     def close(self) -> None:
         """Stop this engine's processes only.

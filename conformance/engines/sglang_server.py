@@ -11,103 +11,54 @@ Requests carry token ids and the same fields as the offline engine's ``generate`
 
 from __future__ import annotations
 
-import http.client
-import json
 import os
 import sys
-import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from conformance.engines import _sglang_common as common
-from conformance.engines._server_process import ServerProcess, command_flags, post_json
-from conformance.engines.base import Completion, Engine, EngineConfig, SamplingSpec
-from conformance.errors import EngineCrashed, EngineUnavailable, UsageError
-
-#: seconds a started server may take to answer (≈2 min measured on 2 busy cores)
-START_TIMEOUT_ENV = "TIM_SGLANG_START_TIMEOUT"
-#: seconds one request may take
-REQUEST_TIMEOUT_S = 600.0
+from conformance.engines._server_engine import ServerEngine
+from conformance.engines._server_process import command_flags
+from conformance.engines.base import Completion, SamplingSpec
+from conformance.env import SGLANG_START_TIMEOUT
+from conformance.errors import EngineUnavailable
 
 
-class SGLangServerEngine(Engine):
+class SGLangServerEngine(ServerEngine):
     name = "sglang-server"
+    KNOBS = common.KNOBS
+    label = "SGLang server"
+    launch_hint = "python -m sglang.launch_server"
+    start_timeout = SGLANG_START_TIMEOUT
+    describe_path = "/model_info"
+    #: set for a server the harness starts (an attached one is the user's)
+    _env: Mapping[str, str] = {}
+    _standin: str | None = None
 
-    def __init__(self, config: EngineConfig) -> None:
-        super().__init__(config)
-        self._server: ServerProcess | None = None
-        self._closed = False
-        parsed = common.parse_options(self.name, config.options, extra={"url": str})
-        url = parsed.pop("url", None)
-        self._env: dict[str, str] = {}
-        self._standin: str | None = None
-        if url is not None:
-            if parsed:
-                raise UsageError(
-                    f"sglang-server option(s) {sorted(parsed)} cannot change a server you started",
-                    "start your server with those settings, or drop url to let the harness "
-                    "start one",
-                )
-            self.options: dict[str, Any] = {}
-            self.url = url.rstrip("/")
-            self._model_info = self._describe()
-            return
+    def parse_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        return common.parse_options(self.name, options, extra={"url": str})
+
+    def start_options(self, options: dict[str, Any]) -> dict[str, Any]:
         if common.sglang_version() is None:
             raise EngineUnavailable("sglang is not installed", common.INSTALL_HINT)
-        self.options = common.with_defaults(parsed)
-        self._standin = common.kernel_standin(self.options["device"])
-        self._env = common.environment(config, self.options)
+        options = common.with_defaults(options)
+        self._standin = common.kernel_standin(options["device"])
+        self._env = common.environment(self.config, options)
         if self._standin:
             common.log.warning("sgl_kernel stand-in active (CPU test support): %s", self._standin)
             path = os.environ.get("PYTHONPATH")
             self._env["PYTHONPATH"] = os.pathsep.join(filter(None, [self._standin, path]))
-        args = common.server_args(config, self.options)
-        self._server = ServerProcess(
-            "SGLang server",
-            lambda port: [
-                sys.executable,
-                *("-m", "sglang.launch_server", "--host", "127.0.0.1", "--port", str(port)),
-                *command_flags(args, negatable=False),
-            ],
-            lambda _root: self._env,
-            prefix="tim-sglang-server-",
-        )
-        self.url = self._server.url
-        try:
-            self._server.wait_ready(
-                "/health",
-                float(os.environ.get(START_TIMEOUT_ENV, "900")),
-                timeout_env=START_TIMEOUT_ENV,
-            )
-            self._model_info = self._describe()
-        except BaseException:
-            self._server.stop()
-            raise
+        return options
 
-    # -- HTTP ------------------------------------------------------------------------------
-    def _describe(self) -> dict[str, Any]:
-        """``/model_info`` of the server; a one-line error naming the URL if none answers."""
-        try:
-            with urllib.request.urlopen(self.url + "/model_info", timeout=10) as reply:
-                return json.load(reply)
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise EngineUnavailable(
-                f"no SGLang server answers at {self.url} ({reason})",
-                "start one there (python -m sglang.launch_server) or drop --tim-engine-url",
-            ) from None
+    def command(self, port: int) -> list[str]:
+        return [
+            sys.executable,
+            *("-m", "sglang.launch_server", "--host", "127.0.0.1", "--port", str(port)),
+            *command_flags(common.server_args(self.config, self.options), negatable=False),
+        ]
 
-    def _post(self, body: dict[str, Any]) -> list[dict[str, Any]]:
-        if self._closed:
-            raise EngineCrashed(f"engine {self.name!r} was closed", "start a new engine")
-        server = self._server
-        return post_json(
-            self.url + "/generate",
-            body,
-            label="SGLang server",
-            timeout_s=REQUEST_TIMEOUT_S,
-            death=lambda: (server.died(wait_s=2.0) if server is not None else None) or "",
-        )
+    def environment(self, root: str) -> dict[str, str]:
+        return self._env
 
     # -- the Engine protocol ---------------------------------------------------------------
     def generate(
@@ -117,31 +68,11 @@ class SGLangServerEngine(Engine):
         *,
         top_logprobs: int = 0,
     ) -> list[Completion]:
-        replies = self._post(common.generate_request(prompts, spec, top_logprobs))
+        replies = self.post("/generate", common.generate_request(prompts, spec, top_logprobs))
         return common.completions(prompts, replies, top_logprobs)
 
     def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
-        return common.scores(sequences, self._post(common.score_request(sequences)))
-
-    def knobs(self) -> dict[str, tuple[Any, ...]]:
-        # an attached server's settings are the user's, not ours to vary
-        return dict(common.KNOBS) if self._server is not None else {}
+        return common.scores(sequences, self.post("/generate", common.score_request(sequences)))
 
     def info(self) -> dict[str, Any]:
-        info = super().info()
-        info["sglang"] = common.sglang_version()
-        info["url"] = self.url
-        info["attached"] = self._server is None
-        info["knobs"] = dict(self.options)
-        info["env"] = dict(self._env)
-        info["sgl_kernel_standin"] = self._standin
-        # SGLang applies sampling_seed only in deterministic-inference mode
-        info["seeded"] = bool(self.options.get("enable_deterministic_inference"))
-        return info
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._server is not None:
-            self._server.stop()
+        return {**super().info(), **common.describe(self.options, self._env, self._standin)}

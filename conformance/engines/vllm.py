@@ -16,7 +16,6 @@ from typing import Any
 
 from conformance.engines import _vllm_common as common
 from conformance.engines.base import Completion, Engine, EngineConfig, SamplingSpec
-from conformance.errors import EngineCrashed, EngineUnavailable
 
 #: in-process engines not yet closed (vLLM's distributed state is shared between them)
 _OPEN: set[int] = set()
@@ -24,6 +23,7 @@ _OPEN: set[int] = set()
 
 class VLLMEngine(Engine):
     name = "vllm"
+    KNOBS = common.KNOBS
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
@@ -36,10 +36,8 @@ class VLLMEngine(Engine):
         )
         try:
             from vllm import LLM
-        except ImportError as exc:
-            raise EngineUnavailable(
-                f"vllm cannot be imported ({exc})", common.INSTALL_HINT
-            ) from exc
+        except (ImportError, RuntimeError) as exc:
+            raise common.import_failure(exc) from exc
         self._llm: Any = LLM(**common.engine_args(config, self.options))
         _OPEN.add(id(self))
         self._max_model_len: int = self._llm.llm_engine.model_config.max_model_len
@@ -54,16 +52,11 @@ class VLLMEngine(Engine):
             return None
         return scheduler.max_num_batched_tokens
 
-    def _engine(self) -> Any:
-        if self._llm is None:
-            raise EngineCrashed(f"engine {self.name!r} was closed", "start a new engine")
-        return self._llm
-
     def _run(self, prompts: Sequence[Sequence[int]], params: Any) -> list[Any]:
         from vllm.inputs import TokensPrompt
 
         # vLLM returns the outputs in prompt order
-        return self._engine().generate(
+        return self._llm.generate(
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
         )
 
@@ -133,14 +126,11 @@ class VLLMEngine(Engine):
         parameters already repacked away). The engine runs in this process, so the tensors
         are passed by reference. Cached prefixes hold the old weights' keys and values.
         """
-        self._engine().collective_rpc(
+        self._llm.collective_rpc(
             "reload_weights",
             kwargs={"weights_iterator": iter(state_dict.items()), "is_checkpoint_format": True},
         )
-        self._engine().reset_prefix_cache()
-
-    def knobs(self) -> dict[str, tuple[Any, ...]]:
-        return dict(common.KNOBS)
+        self._llm.reset_prefix_cache()
 
     def info(self) -> dict[str, Any]:
         info = super().info()

@@ -1,0 +1,58 @@
+"""Every environment variable the harness reads: name, default and meaning in one table, which
+the modules read through and the commands' ``--help`` lists."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    #: the value when the variable is unset or empty
+    default: str | None
+    help: str
+
+    def get(self) -> str | None:
+        return os.environ.get(self.name) or self.default
+
+
+MODEL_CACHE = EnvVar(
+    "TIM_CONFORMANCE_CACHE",
+    None,
+    "folder the embedded model is built into once (default: ~/.cache/tim-conformance)",
+)
+VLLM_START_TIMEOUT = EnvVar(
+    "TIM_VLLM_START_TIMEOUT", "600", "seconds a vLLM server the harness starts may take to answer"
+)
+SGLANG_START_TIMEOUT = EnvVar(
+    "TIM_SGLANG_START_TIMEOUT",
+    "900",
+    "seconds an SGLang server the harness starts may take to answer",
+)
+SGL_KERNEL_STANDIN = EnvVar(
+    "TIM_SGL_KERNEL_STANDIN",
+    None,
+    "folder holding a pure-torch sgl_kernel stand-in for SGLang's CPU engine, used only where no "
+    "sgl_kernel imports (CPU CI; tox -e sglang sets it)",
+)
+VLLM_KV_CACHE = EnvVar(
+    "VLLM_CPU_KVCACHE_SPACE",
+    "1",
+    "GiB of KV cache per vLLM-CPU engine (vLLM's own variable, which would otherwise take most "
+    "of the memory)",
+)
+
+#: what the stack-running commands (certify, pytest with --tim-*) read
+STACK = (MODEL_CACHE, VLLM_START_TIMEOUT, SGLANG_START_TIMEOUT, SGL_KERNEL_STANDIN, VLLM_KV_CACHE)
+
+
+def help_text(variables: Iterable[EnvVar]) -> str:
+    """An ``environment:`` block for a command's ``--help`` epilog."""
+    lines = ["environment:"]
+    for variable in variables:
+        default = f" (default: {variable.default})" if variable.default else ""
+        lines.append(f"  {variable.name}: {variable.help}{default}")
+    return "\n".join(lines) + "\n"

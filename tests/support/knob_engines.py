@@ -1,0 +1,38 @@
+"""An engine whose defect appears under one knob value only: the knob suite must name that knob.
+
+It is the documentation's micro-batched engine plus a knob that adds a constant to every
+log-prob — the kind of error a fast path (a stale or approximated log-softmax) makes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from conformance.engines import Knob
+
+from .doc_engine import MicroBatchedEngine  # type: ignore[attr-defined]
+
+#: what the defective knob value adds to every log-prob: ~10x the fp32 profile's bound
+SKEW = 1e-3
+
+
+class SkewedKnobEngine(MicroBatchedEngine):
+    name = "skewed-knob-hf"
+    OPTIONS: ClassVar[Mapping[str, str]] = {**MicroBatchedEngine.OPTIONS, "skew_logprobs": "false"}
+    KNOBS: ClassVar[Mapping[str, Knob]] = {
+        **MicroBatchedEngine.KNOBS,
+        "skew_logprobs": Knob(("true",)),
+    }
+
+    def _skew(self) -> float:
+        return SKEW if self.options["skew_logprobs"] == "true" else 0.0
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        completions = super().generate(*args, **kwargs)
+        for completion in completions:
+            completion.logprobs = [lp - self._skew() for lp in completion.logprobs]
+        return completions
+
+    def score(self, *args: Any, **kwargs: Any) -> Any:
+        return [[lp - self._skew() for lp in row] for row in super().score(*args, **kwargs)]
