@@ -28,7 +28,14 @@ ACTIVE_KEY = pytest.StashKey[bool]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup(GROUP, "training–inference mismatch conformance")
+    from conformance.env import STACK
+
+    names = ", ".join(variable.name for variable in STACK)
+    group = parser.getgroup(
+        GROUP,
+        f"training–inference mismatch conformance (environment: {names}; "
+        "their meanings: tim-conformance certify --help)",
+    )
     add_stack_options(group.addoption, prefix=PREFIX)
     group.addoption(
         REPORT_OPTION,

@@ -249,7 +249,9 @@ class HarnessSession:
         try:
             with deadline(self.spec.call_timeout, f"starting {kind} {name!r}"):
                 inner = component_cls(config)
-        except ConformanceError:
+        except ConformanceError as exc:
+            # the component names what is wrong and the fix; without it nothing can be measured
+            self._on_crash(f"{kind} {name!r} failed to start: {exc}")
             raise
         except (Exception, CallTimedOut) as exc:
             # no engine or backend means no measurement: the rest is skipped, not errored

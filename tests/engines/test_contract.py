@@ -16,7 +16,6 @@ mid-run raising ``EngineCrashed`` and leaving nothing behind.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.engines import needs
 from support.server_processes import free_url, group_ends, port_open
 
 from conformance.backends.base import BackendConfig
@@ -51,11 +51,7 @@ class Subject:
     twin: str | None = None
 
     def param(self) -> Any:
-        marks = []
-        if self.needs:
-            missing = importlib.util.find_spec(self.needs) is None
-            reason = f"{self.needs} is not installed (tox -e {self.needs})"
-            marks = [getattr(pytest.mark, self.needs), pytest.mark.skipif(missing, reason=reason)]
+        marks = needs(self.needs) if self.needs else []
         return pytest.param(self, marks=marks, id=self.engine.rpartition(":")[2])
 
 
@@ -103,15 +99,6 @@ def stack(request: pytest.FixtureRequest, default_model: Path) -> Iterator[Stack
     started = Stack(request.param, default_model)
     yield started
     started.close()
-
-
-@pytest.fixture(scope="module")
-def hf(default_model: Path) -> Iterator[Any]:
-    from conformance.backends.hf import HFBackend
-
-    backend = HFBackend(BackendConfig(model=default_model))
-    yield backend
-    backend.close()
 
 
 @pytest.fixture(scope="module")

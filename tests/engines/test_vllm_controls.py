@@ -260,7 +260,7 @@ def test_a_server_killed_mid_run_leaves_an_incomplete_verdict_and_its_measuremen
     assert report["verdict"] == "incomplete", run.output[-3000:]
     assert "vLLM server" in report["reason"]
     assert run.events("measurement"), "what was measured before the kill was lost"
-    (crash,) = run.events("engine_crash")
+    (crash,) = run.events("crash")
     assert "vLLM server" in crash["reason"]
     assert run.events("session_end")[-1]["verdict"] == "incomplete"
     assert_server_gone(pid, url)
