@@ -19,17 +19,11 @@ from conformance.backends import BACKENDS, Backend
 from conformance.engines import ENGINES, Engine
 from conformance.errors import ConformanceError, EngineCrashed, EngineUnavailable
 from conformance.guard import CallTimedOut, Guarded, deadline
+from conformance.metric_table import EXAMPLE_METRICS
 from conformance.stack import StackSpec, fingerprint
 
 #: token-level points kept per check for the report's plots; the rest stay in results.jsonl
 MAX_SAMPLES = 2000
-#: bounds on single tokens and single sequences: checked on every example, so Hypothesis can
-#: shrink a violation to a minimal reproducer. The other metrics are averages, spreads,
-#: correlations and KLs of a token *population* — one token's ρ is not a mean ρ — so they are
-#: checked on all of a test's tokens pooled, after its last example.
-PER_EXAMPLE_METRICS = frozenset(
-    {"abs_diff_max", "prob_diff_max", "rho_max", "rho_min", "seq_log_ratio_abs_max"}
-)
 
 
 @dataclass
@@ -118,7 +112,7 @@ class Recorder:
         return self._per_example(_example_metrics(_float_rows(lp_train), _float_rows(lp_infer)))
 
     def _per_example(self, metrics: dict[str, float]) -> list[Any]:
-        per_example = {k: v for k, v in metrics.items() if k in PER_EXAMPLE_METRICS}
+        per_example = {k: v for k, v in metrics.items() if k in EXAMPLE_METRICS}
         return self._session.profile.check(per_example)
 
     def check_profile(self, metrics: dict[str, float], case: dict[str, Any]) -> None:
@@ -135,7 +129,7 @@ class Recorder:
         record = self._require_check()
         pooled = record.pooled()
         violations = self._session.profile.check(
-            {k: v for k, v in pooled.items() if k not in PER_EXAMPLE_METRICS}
+            {k: v for k, v in pooled.items() if k not in EXAMPLE_METRICS}
         )
         if violations and record.worst is not None:
             self.fail(
@@ -395,10 +389,7 @@ class HarnessSession:
 
 
 def _describe(violations: Sequence[Any]) -> str:
-    return "; ".join(
-        f"{v.metric} = {v.value:.4g} {'>' if v.bound == 'max' else '<'} {v.threshold:.4g}"
-        for v in violations
-    )
+    return "; ".join(str(v) for v in violations)
 
 
 def _example_metrics(lp_train: list[list[float]], lp_infer: list[list[float]]) -> dict[str, float]:

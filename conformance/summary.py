@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-#: metrics shown in the terminal table, most telling first
-HEADLINE_METRICS = ("abs_diff_max", "abs_diff_mean", "rho_std", "k3", "pcc")
+from conformance.metric_table import HEADLINE_METRICS
+
 _VERDICT_WORDS = {"pass": "CERTIFIED", "fail": "NOT CERTIFIED", "incomplete": "INCOMPLETE"}
 
 

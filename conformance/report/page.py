@@ -6,9 +6,10 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from conformance.metric_table import BY_NAME, worst_metrics
 from conformance.report import plots
 from conformance.report.html import Markup, as_text, code_block, esc, join, page, table, tag
-from conformance.report.schema import is_lower_bound, suites, validate_report, worst_metrics
+from conformance.report.schema import suites, validate_report
 from conformance.report.stats import pool_samples
 
 #: failing checks shown in full per suite; the rest are listed in one line each
@@ -199,13 +200,13 @@ def metric_table(checks: list[dict]) -> Markup:
     violated = Counter(
         v.get("metric") for c in checks for v in (c.get("violations") or []) if isinstance(v, dict)
     )
-    worst = worst_metrics(checks)
+    worst = worst_metrics(c.get("metrics") or {} for c in checks)
     # thresholded metrics first, in the profile's order; unthresholded ones are informational
     names = list(thresholds) + [m for m in worst if m not in thresholds]
     rows = []
     for metric in names:
         bound = thresholds.get(metric)
-        sign = "≥" if is_lower_bound(metric) else "≤"
+        sign = BY_NAME[metric].sign() if metric in BY_NAME else "≤"
         if bound is None:
             mark: object = ""
         elif violated[metric]:
