@@ -24,7 +24,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from conformance.engines._options import parse_bool, parse_engine_options, parse_positive_int
-from conformance.engines.base import Completion, EngineConfig, Knob, LogprobKind, SamplingSpec
+from conformance.engines.base import (
+    Completion,
+    EngineConfig,
+    Knob,
+    LogprobKind,
+    SamplingSpec,
+    TokenBatch,
+)
 from conformance.env import SGL_KERNEL_STANDIN
 from conformance.errors import EngineUnavailable, UsageError
 
@@ -183,9 +190,7 @@ def sampling_params(spec: SamplingSpec) -> dict[str, Any]:
     }
 
 
-def generate_request(
-    prompts: Sequence[Sequence[int]], spec: SamplingSpec, top_logprobs: int
-) -> dict[str, Any]:
+def generate_request(prompts: TokenBatch, spec: SamplingSpec, top_logprobs: int) -> dict[str, Any]:
     """Fields of ``Engine.generate`` and of the body of ``POST /generate``."""
     check_nonempty(prompts)
     return {
@@ -196,7 +201,7 @@ def generate_request(
     }
 
 
-def score_request(sequences: Sequence[Sequence[int]]) -> dict[str, Any]:
+def score_request(sequences: TokenBatch) -> dict[str, Any]:
     """A prefill-only request returning input logprobs from position 0 on."""
     check_nonempty(sequences)
     return {
@@ -207,7 +212,7 @@ def score_request(sequences: Sequence[Sequence[int]]) -> dict[str, Any]:
     }
 
 
-def check_nonempty(sequences: Sequence[Sequence[int]]) -> None:
+def check_nonempty(sequences: TokenBatch) -> None:
     if not sequences or any(len(s) < 1 for s in sequences):
         raise UsageError("an empty batch or token sequence was given", "give >= 1 token each")
 
@@ -224,7 +229,7 @@ def accepted(reply: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def completions(
-    prompts: Sequence[Sequence[int]], replies: Sequence[Mapping[str, Any]], top_logprobs: int
+    prompts: TokenBatch, replies: Sequence[Mapping[str, Any]], top_logprobs: int
 ) -> list[Completion]:
     """``Completion`` per prompt from SGLang's replies (one per prompt, in prompt order)."""
     result = []
@@ -255,9 +260,7 @@ def completions(
     return result
 
 
-def scores(
-    sequences: Sequence[Sequence[int]], replies: Sequence[Mapping[str, Any]]
-) -> list[list[float]]:
+def scores(sequences: TokenBatch, replies: Sequence[Mapping[str, Any]]) -> list[list[float]]:
     """n − 1 logprobs per sequence from ``input_token_logprobs`` (from position 0).
 
     Entry 0 is ``None`` (no prefix); the ids beside the values are not read, since SGLang

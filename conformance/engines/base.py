@@ -18,6 +18,9 @@ from typing import Any, ClassVar
 
 from conformance.errors import UsageError
 
+#: token-id sequences: the prompts of a batch, or the sequences to score
+TokenBatch = Sequence[Sequence[int]]
+
 
 class LogprobKind(enum.StrEnum):
     """Which distribution a reported log-probability belongs to."""
@@ -117,11 +120,7 @@ class Engine(ABC):
 
     @abstractmethod
     def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        spec: SamplingSpec,
-        *,
-        top_logprobs: int = 0,
+        self, prompts: TokenBatch, spec: SamplingSpec, *, top_logprobs: int = 0
     ) -> list[Completion]:
         """Sample one completion per prompt; return them in prompt order.
 
@@ -130,7 +129,7 @@ class Engine(ABC):
         """
 
     @abstractmethod
-    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+    def score(self, sequences: TokenBatch) -> list[list[float]]:
         """Per-token log-probabilities of given sequences (raw), n − 1 values per sequence."""
 
     def load_weights(self, state_dict: Mapping[str, Any]) -> None:

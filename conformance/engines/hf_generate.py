@@ -6,7 +6,7 @@ full-sequence forward, which is what makes it a useful reference engine.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from conformance.engines.base import (
@@ -15,6 +15,7 @@ from conformance.engines.base import (
     EngineConfig,
     LogprobKind,
     SamplingSpec,
+    TokenBatch,
 )
 from conformance.errors import UsageError
 from conformance.hf_model import device, gather_logprobs, load_causal_lm
@@ -41,11 +42,7 @@ class HFGenerateEngine(Engine):
         self._eos_id = self._model.config.eos_token_id
 
     def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        spec: SamplingSpec,
-        *,
-        top_logprobs: int = 0,
+        self, prompts: TokenBatch, spec: SamplingSpec, *, top_logprobs: int = 0
     ) -> list[Completion]:
         import torch
         from transformers import GenerationConfig
@@ -117,7 +114,7 @@ class HFGenerateEngine(Engine):
             finish_reason=finish,
         )
 
-    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+    def score(self, sequences: TokenBatch) -> list[list[float]]:
         import torch
 
         width = max(map(len, sequences))

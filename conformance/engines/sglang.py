@@ -9,11 +9,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from conformance.engines import _sglang_common as common
-from conformance.engines.base import Completion, Engine, EngineConfig, SamplingSpec
+from conformance.engines.base import Completion, Engine, EngineConfig, SamplingSpec, TokenBatch
 from conformance.errors import EngineCrashed, EngineUnavailable
 
 
@@ -59,16 +59,12 @@ class SGLangEngine(Engine):
         return self._engine.generate(**request)
 
     def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        spec: SamplingSpec,
-        *,
-        top_logprobs: int = 0,
+        self, prompts: TokenBatch, spec: SamplingSpec, *, top_logprobs: int = 0
     ) -> list[Completion]:
         request = common.generate_request(prompts, spec, top_logprobs)
         return common.completions(prompts, self._run(request), top_logprobs)
 
-    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+    def score(self, sequences: TokenBatch) -> list[list[float]]:
         return common.scores(sequences, self._run(common.score_request(sequences)))
 
     def load_weights(self, state_dict: Mapping[str, Any]) -> None:

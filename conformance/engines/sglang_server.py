@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from conformance.engines import _sglang_common as common
 from conformance.engines._server_engine import ServerEngine
 from conformance.engines._server_process import command_flags
-from conformance.engines.base import Completion, SamplingSpec
+from conformance.engines.base import Completion, SamplingSpec, TokenBatch
 from conformance.env import SGLANG_START_TIMEOUT
 from conformance.errors import EngineUnavailable
 
@@ -62,16 +62,12 @@ class SGLangServerEngine(ServerEngine):
 
     # -- the Engine protocol ---------------------------------------------------------------
     def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        spec: SamplingSpec,
-        *,
-        top_logprobs: int = 0,
+        self, prompts: TokenBatch, spec: SamplingSpec, *, top_logprobs: int = 0
     ) -> list[Completion]:
         replies = self.post("/generate", common.generate_request(prompts, spec, top_logprobs))
         return common.completions(prompts, replies, top_logprobs)
 
-    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+    def score(self, sequences: TokenBatch) -> list[list[float]]:
         return common.scores(sequences, self.post("/generate", common.score_request(sequences)))
 
     def info(self) -> dict[str, Any]:

@@ -11,11 +11,11 @@ import gc
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from conformance.engines import _vllm_common as common
-from conformance.engines.base import Completion, Engine, EngineConfig, SamplingSpec
+from conformance.engines.base import Completion, Engine, EngineConfig, SamplingSpec, TokenBatch
 
 #: in-process engines not yet closed (vLLM's distributed state is shared between them)
 _OPEN: set[int] = set()
@@ -52,7 +52,7 @@ class VLLMEngine(Engine):
             return None
         return scheduler.max_num_batched_tokens
 
-    def _run(self, prompts: Sequence[Sequence[int]], params: Any) -> list[Any]:
+    def _run(self, prompts: TokenBatch, params: Any) -> list[Any]:
         from vllm.inputs import TokensPrompt
 
         # vLLM returns the outputs in prompt order
@@ -61,11 +61,7 @@ class VLLMEngine(Engine):
         )
 
     def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        spec: SamplingSpec,
-        *,
-        top_logprobs: int = 0,
+        self, prompts: TokenBatch, spec: SamplingSpec, *, top_logprobs: int = 0
     ) -> list[Completion]:
         from vllm import SamplingParams
 
@@ -107,7 +103,7 @@ class VLLMEngine(Engine):
             )
         return completions
 
-    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+    def score(self, sequences: TokenBatch) -> list[list[float]]:
         from vllm import SamplingParams
 
         common.check_lengths([len(s) for s in sequences], self._max_model_len, extra=1)

@@ -18,7 +18,7 @@ from typing import Any
 from conformance.engines import _vllm_common as common
 from conformance.engines._server_engine import ServerEngine
 from conformance.engines._server_process import command_flags
-from conformance.engines.base import Completion, SamplingSpec
+from conformance.engines.base import Completion, SamplingSpec, TokenBatch
 from conformance.env import VLLM_START_TIMEOUT
 from conformance.errors import EngineUnavailable
 
@@ -81,11 +81,7 @@ class VLLMServerEngine(ServerEngine):
 
     # -- the Engine protocol ---------------------------------------------------------------
     def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        spec: SamplingSpec,
-        *,
-        top_logprobs: int = 0,
+        self, prompts: TokenBatch, spec: SamplingSpec, *, top_logprobs: int = 0
     ) -> list[Completion]:
         lengths = [len(p) for p in prompts]
         self._check_lengths(lengths, spec.max_new_tokens)
@@ -123,7 +119,7 @@ class VLLMServerEngine(ServerEngine):
         )
 
     def _sample(
-        self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, top_logprobs: int
+        self, prompts: TokenBatch, spec: SamplingSpec, top_logprobs: int
     ) -> list[dict[str, Any]]:
         return self._complete(
             {
@@ -140,7 +136,7 @@ class VLLMServerEngine(ServerEngine):
             }
         )
 
-    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+    def score(self, sequences: TokenBatch) -> list[list[float]]:
         self._check_lengths([len(s) for s in sequences], 1)
         choices = self._complete(
             {
