@@ -19,10 +19,11 @@ class EnvVar:
         return os.environ.get(self.name) or self.default
 
 
-MODEL_CACHE = EnvVar(
+CACHE = EnvVar(
     "TIM_CONFORMANCE_CACHE",
     None,
-    "folder the embedded model is built into once (default: ~/.cache/tim-conformance)",
+    "folder of the harness's caches: the embedded model, vLLM's model-info and compile caches "
+    "(default: ~/.cache/tim-conformance)",
 )
 VLLM_START_TIMEOUT = EnvVar(
     "TIM_VLLM_START_TIMEOUT", "600", "seconds a vLLM server the harness starts may take to answer"
@@ -46,7 +47,7 @@ VLLM_KV_CACHE = EnvVar(
 )
 
 #: what the stack-running commands (certify, pytest with --tim-*) read
-STACK = (MODEL_CACHE, VLLM_START_TIMEOUT, SGLANG_START_TIMEOUT, SGL_KERNEL_STANDIN, VLLM_KV_CACHE)
+STACK = (CACHE, VLLM_START_TIMEOUT, SGLANG_START_TIMEOUT, SGL_KERNEL_STANDIN, VLLM_KV_CACHE)
 
 
 def help_text(variables: Iterable[EnvVar]) -> str:

@@ -4,7 +4,6 @@ the environment vLLM needs on a small CPU machine, and the knobs the suites may 
 from __future__ import annotations
 
 import importlib.metadata
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -80,13 +79,20 @@ def environment(root: str, *, enforce_eager: bool) -> dict[str, str]:
     """Environment for a fast, tidy vLLM start on a CPU machine (see docs ENGINES.md).
 
     One process instead of an engine-core subprocess (start in seconds, not tens of seconds);
-    a bounded KV cache instead of ~90 % of RAM; caches and sockets in a private folder.
+    a bounded KV cache instead of ~90 % of RAM; sockets in a private folder (``root``). vLLM's
+    caches live in the harness's cache folder, as vLLM keeps them in ~/.cache/vllm by default:
+    without them every start probes the model class in a subprocess (~20 s on two cores) and
+    every compiled variant compiles its graph again (~30 s); both depend on the code, the model's
+    config and the options, never on the weights.
     """
+    from conformance.models.cache import cache_root
+
+    caches = cache_root() / "vllm"
     env = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         VLLM_KV_CACHE.name: VLLM_KV_CACHE.get() or "",
-        "VLLM_CACHE_ROOT": os.path.join(root, "cache"),
-        "TORCHINDUCTOR_CACHE_DIR": os.path.join(root, "inductor"),
+        "VLLM_CACHE_ROOT": str(caches),
+        "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
         "VLLM_RPC_BASE_PATH": root,
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",

@@ -6,7 +6,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from conformance.env import MODEL_CACHE
+from conformance.env import CACHE
 from conformance.errors import ModelError
 from conformance.models.build import make_model
 
@@ -18,7 +18,7 @@ DEFAULT_MODEL = {"arch": "qwen2", "seed": 0, "vocab": 384, "layers": 2, "hidden"
 
 def cache_root() -> Path:
     """``$TIM_CONFORMANCE_CACHE``, else ``~/.cache/tim-conformance``."""
-    configured = MODEL_CACHE.get()
+    configured = CACHE.get()
     return Path(configured) if configured else Path.home() / ".cache" / "tim-conformance"
 
 
@@ -43,7 +43,7 @@ def cached_model(*, arch: str, seed: int, vocab: int, layers: int, hidden: int) 
     except OSError as exc:
         raise ModelError(
             f"cannot write the model cache {final.parent}: {exc.strerror}",
-            f"set {MODEL_CACHE.name} to a writable folder",
+            f"set {CACHE.name} to a writable folder",
         ) from None
     try:
         make_model(building, arch=arch, seed=seed, vocab=vocab, layers=layers, hidden=hidden)
