@@ -32,8 +32,14 @@ def verdict_lines(report: dict[str, Any], report_dir: Path | None) -> list[str]:
         reasons = sorted({c["message"] for c in skipped})
         lines.append(f"skipped {len(skipped)}: {'; '.join(reasons[:3])}")
     for check in report["checks"]:
-        if check["status"] in ("fail", "error"):
+        if check["status"] in ("fail", "error", "interrupted"):
             lines.append(f"{check['status'].upper()} {check['nodeid']}: {check['message']}")
+            shrink = check.get("shrink") or {}
+            if shrink.get("cut_short"):
+                lines.append(
+                    f"  shrinking cut short after {shrink['seconds']:.0f} s: the recorded case "
+                    "may not be minimal (--shrink-seconds)"
+                )
     stack = report["stack"]
     verdict = f"verdict: {_VERDICT_WORDS[report['verdict']]}"
     if report["reason"]:

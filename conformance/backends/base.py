@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from conformance.errors import UsageError
+
 if TYPE_CHECKING:
     import torch
 
@@ -48,6 +50,16 @@ class Backend(ABC):
 
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, str]) -> None:
+        """Raise ``UsageError`` for ``--backend-option`` settings this backend does not take or
+        cannot parse, before anything starts. By default a backend takes none."""
+        if options:
+            raise UsageError(
+                f"backend {cls.name!r} takes no backend options (got {', '.join(sorted(options))})",
+                "drop --backend-option",
+            )
 
     @abstractmethod
     def recompute(

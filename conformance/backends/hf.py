@@ -31,11 +31,7 @@ class HFBackend(Backend):
             raise UsageError(
                 f"unknown layout {config.layout!r}", "use right-pad, left-pad or packed"
             )
-        if config.options:
-            raise UsageError(
-                f"backend 'hf' takes no backend options (got {sorted(config.options)})",
-                "drop --backend-option, or use --backend-micro-batch / --backend-attn",
-            )
+        self.check_options(config.options)
         self._model = load_causal_lm(config.model, config.dtype, config.attn_implementation)
 
     @property
