@@ -20,6 +20,7 @@ from conformance.errors import ConformanceError, EngineCrashed, EngineUnavailabl
 from conformance.guard import CallTimedOut, Guarded, deadline
 from conformance.outcome import Outcome
 from conformance.recorder import CheckRecord, Recorder
+from conformance.report.schema import Check, ProfileInfo, Report, Shrink, Stack, Timing
 from conformance.stack import StackSpec, fingerprint
 
 
@@ -37,11 +38,11 @@ class HarnessSession:
         self.command = command
         self.profile = load_profile(spec.profile)
         self.recorder = Recorder(self.profile, log=self.log, replay=self.replay_command)
-        self.checks: list[dict[str, Any]] = []
+        self.checks: list[Check] = []
         self.crash: str | None = None
         #: why the run was cut short (a signal, Ctrl-C), if it was
         self.interrupted: str | None = None
-        self.final_report: dict[str, Any] | None = None
+        self.final_report: Report | None = None
         #: the RL smoke run's summary, with ``curves_path`` relative to the report folder
         self.rl: dict[str, Any] | None = None
         #: engines and backends started so far, by their option changes (``()``: the stack's own)
@@ -183,7 +184,7 @@ class HarnessSession:
 
     def finish_check(
         self, record: CheckRecord, outcome: Outcome, exc: BaseException | None
-    ) -> dict[str, Any]:
+    ) -> Check:
         """Turn a finished check into its report entry. A failed check records the case of the
         failure it names (Hypothesis's final, shrunk example), else its worst example."""
         metrics = record.pooled()
@@ -195,25 +196,26 @@ class HarnessSession:
             if record.worst
             else (None, None)
         )
-        entry = {
-            "suite": record.suite,
-            "name": record.name,
-            "nodeid": record.nodeid,
-            "status": outcome.status,
-            "message": outcome.message,
-            "metrics": metrics,
-            "thresholds": {k: v for k, v in self.profile.thresholds.items() if k in metrics},
-            "violations": [v.__dict__ for v in self.profile.check(metrics)] if metrics else [],
-            "worst_case": {**case, "replay": self.replay_command(record.nodeid)} if case else None,
-            "worst_case_metrics": case_metrics,
-            "shrink": record.shrink(self.spec.shrink_seconds),
-            "samples": record.samples(),
-            "examples_run": record.examples_run,
-            "seconds": round(time.perf_counter() - record.started, 3),
-        }
-        self.checks.append(entry)
-        self.log(event="check", **{k: v for k, v in entry.items() if k != "samples"})
-        return entry
+        shrink = record.shrink(self.spec.shrink_seconds)
+        check = Check(
+            suite=record.suite,
+            name=record.name,
+            nodeid=record.nodeid,
+            status=outcome.status,
+            message=outcome.message,
+            metrics=metrics,
+            thresholds={k: v for k, v in self.profile.thresholds.items() if k in metrics},
+            violations=self.profile.check(metrics) if metrics else [],
+            worst_case={**case, "replay": self.replay_command(record.nodeid)} if case else None,
+            worst_case_metrics=case_metrics,
+            shrink=Shrink(**shrink) if shrink else None,
+            samples=record.samples(),
+            examples_run=record.examples_run,
+            seconds=round(time.perf_counter() - record.started, 3),
+        )
+        self.checks.append(check)
+        self.log(event="check", **{k: v for k, v in check.to_json().items() if k != "samples"})
+        return check
 
     def replay_command(self, nodeid: str) -> str:
         args = ["pytest", nodeid, *self.spec.pytest_args(), f"--hypothesis-seed={self.seed}"]
@@ -224,62 +226,61 @@ class HarnessSession:
         """``fail`` when any property was violated — even if the run was then cut short, since
         the stack is known to be broken; else ``incomplete`` when the run could not finish
         (the stack crashed or hung, a check errored, the run was interrupted); else ``pass``."""
-        statuses = [c["status"] for c in self.checks]
+        statuses = [c.status for c in self.checks]
         unfinished = self.crash or self.interrupted
         if "fail" in statuses:
             return "fail", f"and the run did not finish: {unfinished}" if unfinished else None
         if unfinished:
-            measured = sum(1 for c in self.checks if c["metrics"])
+            measured = sum(1 for c in self.checks if c.metrics)
             return "incomplete", f"{unfinished} ({measured} checks measured)"
         if "error" in statuses:
-            errored = [c for c in self.checks if c["status"] == "error"]
+            errored = [c for c in self.checks if c.status == "error"]
             return "incomplete", f"{len(errored)} check(s) errored: " + "; ".join(
-                f"{c['nodeid']}: {c['message']}" for c in errored[:3]
+                f"{c.nodeid}: {c.message}" for c in errored[:3]
             )
         if "pass" not in statuses:
             return "incomplete", "no check ran"
         return "pass", None
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> Report:
         verdict, reason = self.verdict()
         engine_info, backend_info = self._infos.get("engine", {}), self._infos.get("backend", {})
-        return {
-            "schema": 1,
-            "verdict": verdict,
-            "reason": reason,
-            "created": self._started.isoformat(timespec="seconds"),
-            "command": self.command,
-            "seed": self.seed,
-            "examples": self.spec.examples,
-            "depth": self.spec.depth.name,
-            "stack": fingerprint(self.spec, self.model_info, engine_info, backend_info),
-            "profile": {
-                "name": self.profile.name,
-                "source": str(self.profile.source),
-                "thresholds": self.profile.thresholds,
-            },
-            "checks": self.checks,
-            "timing": self._timing(),
-            "rl": self.rl,
-        }
+        return Report(
+            verdict=verdict,
+            reason=reason,
+            created=self._started.isoformat(timespec="seconds"),
+            command=self.command,
+            seed=self.seed,
+            examples=self.spec.examples,
+            depth=self.spec.depth.name,
+            stack=Stack(fingerprint(self.spec, self.model_info, engine_info, backend_info)),
+            profile=ProfileInfo(
+                name=self.profile.name,
+                source=str(self.profile.source),
+                thresholds=self.profile.thresholds,
+            ),
+            checks=self.checks,
+            timing=self._timing(),
+            rl=self.rl,
+        )
 
-    def _timing(self) -> dict[str, float]:
+    def _timing(self) -> Timing:
         """Wall time of the run, the seconds the engines and backends spent starting and
         computing, and the harness's overhead: the rest of the wall time, per second of that."""
         compute = sum(self.timing.values())
         wall = time.perf_counter() - self._clock
-        return {
-            "wall_s": round(wall, 3),
+        return Timing(
+            wall_s=round(wall, 3),
             **{k: round(v, 3) for k, v in self.timing.items()},
-            "harness_overhead": round((wall - compute) / compute, 4) if compute else 0.0,
-        }
+            harness_overhead=round((wall - compute) / compute, 4) if compute else 0.0,
+        )
 
-    def write_report(self) -> dict[str, Any]:
+    def write_report(self) -> Report:
         report = self.report()
-        self.log(event="session_end", verdict=report["verdict"], reason=report["reason"])
+        self.log(event="session_end", verdict=report.verdict, reason=report.reason)
         if self.report_dir is not None:
             path = self.report_dir / "report.json"
-            path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+            path.write_text(json.dumps(report.to_json(), indent=1, default=str) + "\n")
         return report
 
 

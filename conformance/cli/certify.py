@@ -151,7 +151,7 @@ def _check(spec: Any, certificate: Path) -> int:
     try:
         session.engine  # noqa: B018 — starting it is how its versions and knobs are learned
         session.backend  # noqa: B018
-        stack = session.report()["stack"]
+        stack = session.report().stack
     finally:
         session.close()
     result = check_certificate(certificate, stack)
