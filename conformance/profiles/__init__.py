@@ -36,7 +36,9 @@ class Profile:
                 continue
             fact, value = metric(name), float(metrics[name])
             if fact.violates(value, threshold):
-                violations.append(Violation(metric=name, value=value, threshold=threshold))
+                violations.append(
+                    Violation(metric=name, value=value, threshold=threshold, bound=fact.bound)
+                )
         return violations
 
 

@@ -5,14 +5,13 @@ and :class:`Shrink` records), a :class:`ProfileInfo`, a :class:`Timing` and the 
 fingerprint, a :class:`Stack` mapping: engines and backends add their own info fields to it,
 so only the fields every reader relies on are checked.
 
-Schema 2 (written now) differs from schema 1 in two ways: a violation no longer repeats its
-metric's bound (``conformance.metric_table`` owns it: ``Violation.bound``), and every field is
-written. Schema-1 files are converted on load, including early ones that lack ``depth``,
-``shrink``, ``seconds`` or ``timing``.
+The layout is schema 1's, unchanged. Early schema-1 files lack ``depth``, ``timing`` and a
+check's ``shrink``, ``seconds`` and ``worst_case_metrics``: those read as their defaults.
 
 Adding a field is one line in its record, with a default, so files written before it still
 load. Fields a file has that this version does not know are kept in ``unknown`` and written
-back out, so a newer file read by an older harness loses nothing.
+back out, so a newer file read by an older harness loses nothing. Renaming, moving or removing
+one changes the layout: bump ``SCHEMA`` and convert the older layout in ``parse_report``.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from __future__ import annotations
 import json
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cache
 from pathlib import Path
@@ -29,9 +28,7 @@ from typing import Any, Literal, Self, Union
 from conformance.errors import UsageError
 from conformance.metric_table import Bound, metric
 
-SCHEMA = 2
-#: the schema versions this version reads (older ones are converted on load)
-READABLE = (1, 2)
+SCHEMA = 1
 
 Status = Literal["pass", "fail", "error", "skip", "interrupted"]
 Verdict = Literal["pass", "fail", "incomplete"]
@@ -110,11 +107,9 @@ class Violation(Record):
     metric: str
     value: float
     threshold: float
-
-    @property
-    def bound(self) -> Bound:
-        """Which side of the threshold is a violation (from the metric table)."""
-        return metric(self.metric).bound
+    #: which side of the threshold is a violation (the metric table's, kept so the file
+    #: reads on its own)
+    bound: Bound
 
     def __str__(self) -> str:
         return f"{self.metric} = {metric(self.metric).relation(self.value, self.threshold)}"
@@ -204,18 +199,17 @@ class Report(Record):
 
 
 def parse_report(data: object, where: str = "report") -> Report:
-    """The :class:`Report` of a decoded report.json (any readable schema); a bad one is a
-    one-line UsageError naming ``where`` and the field."""
+    """The :class:`Report` of a decoded report.json; a bad one is a one-line UsageError naming
+    ``where`` and the field."""
     version = data.get("schema") if isinstance(data, dict) else None
-    if version not in READABLE:
+    if type(version) is not int or version != SCHEMA:  # true == 1 in Python, not in JSON
         found = f"schema {version!r}" if isinstance(data, dict) else _kind(data)
         raise UsageError(
-            f"{where} is not a report.json this version reads ({found}; reads schema "
-            f"{', '.join(map(str, READABLE))})",
+            f"{where} is not a report.json this version reads ({found}; reads schema {SCHEMA})",
             "pass the report.json that certify or --tim-report wrote",
         )
     try:
-        return Report.from_json(_from_schema_1(data) if version == 1 else data)
+        return Report.from_json(data)
     except FieldError as exc:
         raise UsageError(
             f"{where}: {exc}", "regenerate it with tim-conformance certify, or fix that field"
@@ -249,28 +243,6 @@ def as_report(report: Report | Mapping[str, Any], where: str = "report") -> Repo
     return report if isinstance(report, Report) else parse_report(report, where)
 
 
-def _from_schema_1(data: dict[str, Any]) -> dict[str, Any]:
-    """A schema-1 report in schema 2's layout: violations without their bound. What is
-    malformed is left for validation to name."""
-    checks = data.get("checks")
-    if isinstance(checks, list):
-        checks = [_drop_bounds(c) if isinstance(c, dict) else c for c in checks]
-    return {**data, "schema": SCHEMA, "checks": checks}
-
-
-def _drop_bounds(check: dict[str, Any]) -> dict[str, Any]:
-    violations = check.get("violations")
-    if not isinstance(violations, list):
-        return check
-    return {
-        **check,
-        "violations": [
-            {k: v for k, v in item.items() if k != "bound"} if isinstance(item, dict) else item
-            for item in violations
-        ],
-    }
-
-
 # -- the type-directed parser --------------------------------------------------------------
 
 
@@ -302,12 +274,24 @@ def _parse(value: object, hint: Any, where: str) -> Any:
         return hint.from_json(value, where)
     if origin is dict:
         _check_type(value, dict, where)
-        return {k: _parse(v, args[1], f"{where}.{k}") for k, v in value.items()}  # type: ignore[union-attr]
+        items = value.items()  # type: ignore[union-attr]
+        if _all_plain(args[1], (v for _, v in items)):
+            return value
+        return {k: _parse(v, args[1], f"{where}.{k}") for k, v in items}
     if origin is list:
         _check_type(value, list, where)
+        if _all_plain(args[0], value):  # type: ignore[arg-type]
+            return value
         return [_parse(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]  # type: ignore[arg-type]
     _check_type(value, hint, where)
     return value
+
+
+def _all_plain(hint: Any, values: Iterable[object]) -> bool:
+    """Whether ``hint`` is a JSON scalar type and every value is one: the fast path for the
+    thousands of token samples a check holds (the slow path names the first bad one)."""
+    exact = _EXACT_TYPES.get(hint)
+    return hint is Any or (exact is not None and all(type(v) in exact for v in values))
 
 
 def _expect(data: dict[str, Any], key: str, kind: type, where: str) -> None:
@@ -329,6 +313,13 @@ def _check_type(value: object, kind: type, where: str) -> None:
         raise FieldError(where, f"is {_kind(value)}, not {_JSON_NAMES[kind]}")
 
 
+#: the Python types json.loads gives for each JSON scalar type (no bool among the numbers)
+_EXACT_TYPES: dict[Any, tuple[type, ...]] = {
+    float: (float, int),
+    int: (int,),
+    str: (str,),
+    bool: (bool,),
+}
 _JSON_NAMES = {
     str: "a string",
     int: "an integer",

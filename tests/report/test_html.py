@@ -80,7 +80,7 @@ def test_every_data_string_is_escaped(bf16_report: Report) -> None:
     check.suite = evil
     check.metrics[evil] = 1.0
     check.thresholds[evil] = 0.5
-    check.violations.append(Violation(metric=evil, value=1.0, threshold=0.5))
+    check.violations.append(Violation(metric=evil, value=1.0, threshold=0.5, bound="max"))
     assert check.worst_case is not None
     check.worst_case["prompt_text"] = evil
     check.worst_case["replay"] = evil
