@@ -125,6 +125,11 @@ class RLSummary:
     steps: int
     mismatch_alarm: Verdict
     collapse: Verdict
+    #: the training regime: updates per rollout batch, the ratio's old policy, the clip range
+    updates_per_step: int = UPDATES_PER_STEP
+    old_logprobs: str = OLD_LOGPROBS[0]
+    clip_low: float = 0.0
+    clip_high: float = 0.0
 
     @property
     def lead_steps(self) -> int | None:
@@ -141,6 +146,10 @@ class RLSummary:
             "remedy": self.remedy,
             "seed": self.seed,
             "steps": self.steps,
+            "updates_per_step": self.updates_per_step,
+            "old_logprobs": self.old_logprobs,
+            "clip_low": self.clip_low,
+            "clip_high": self.clip_high,
             "mismatch_alarm": self.mismatch_alarm.as_dict(),
             "collapse": self.collapse.as_dict(),
             "lead_steps": self.lead_steps,
@@ -186,6 +195,10 @@ def run_smoke(engine: Engine, backend: Backend, config: RunConfig, out_dir: Path
         steps=config.steps,
         mismatch_alarm=mismatch_alarm(rows, config.mismatch_rules, config.profile),
         collapse=collapse(rows, config.collapse_rules),
+        updates_per_step=config.updates_per_step,
+        old_logprobs=config.old_logprobs,
+        clip_low=config.objective.eps[0],
+        clip_high=config.objective.eps[1],
     )
     (out_dir / "rl-summary.json").write_text(json.dumps(summary.as_dict(), indent=2) + "\n")
     return summary
