@@ -99,20 +99,30 @@ def gspo_surrogate(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     eps: tuple[float, float] = GSPO_EPS,
+    weights: torch.Tensor | None = None,
 ) -> Surrogate:
-    """GSPO: clip one ratio per sequence, ``s_i = exp((1/|o_i|) Σ_t (lp − lp_old))``.
+    """GSPO-token: one clipped ratio per sequence, ``s_i = exp((1/|o_i|) Σ_t (lp − lp_old))``.
 
-    ``per_sequence[i] = min(s_i A_i, clip(s_i, 1 − ε_low, 1 + ε_high) A_i)`` (Zheng et al. 2025,
-    Eq. 5–7; objective-level-hacking Eq. 16). A clipped sequence has all its tokens cut.
+    ``per_sequence[i] = (1/|o_i|) Σ_t w_{i,t} min(s_{i,t} A_i, clip(s_{i,t}, 1 − ε_low,
+    1 + ε_high) A_i)`` with ``s_{i,t} = sg[s_i] · π(o_t) / sg[π(o_t)]`` (Zheng et al. 2025,
+    Eq. 5–7 and GSPO-token Eq. 13; objective-level-hacking Eq. 16, 19). Its value is
+    ``s_i``'s and, without weights, its gradient is GSPO's; ``w`` weights each token's term (the
+    injected distortions of Eq. 19–21). A clipped sequence has all its tokens cut.
     """
     lengths = mask.sum(dim=1).clamp(min=1)
     diff = torch.where(mask, lp - lp_old, torch.zeros_like(lp))
-    seq_ratio = torch.exp(diff.sum(dim=1) / lengths)
-    clipped = torch.clamp(seq_ratio, 1 - eps[0], 1 + eps[1])
+    seq_ratio = torch.exp(diff.detach().sum(dim=1) / lengths)
+    lp_valid = torch.where(mask, lp, torch.zeros_like(lp))
+    token_ratio = seq_ratio.unsqueeze(1) * torch.exp(lp_valid - lp_valid.detach())
+    adv = advantages.unsqueeze(1)
+    clipped = torch.clamp(token_ratio, 1 - eps[0], 1 + eps[1])
+    objective = torch.minimum(token_ratio * adv, clipped * adv)
+    if weights is not None:
+        objective = objective * weights
     low = ((seq_ratio < 1 - eps[0]) & (advantages < 0)).unsqueeze(1)
     high = ((seq_ratio > 1 + eps[1]) & (advantages > 0)).unsqueeze(1)
     return Surrogate(
-        per_sequence=torch.minimum(seq_ratio * advantages, clipped * advantages),
+        per_sequence=(objective * mask).sum(dim=1) / lengths,
         clipped_low=low & mask,
         clipped_high=high & mask,
     )

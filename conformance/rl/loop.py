@@ -89,11 +89,6 @@ class RunConfig:
             raise UsageError(
                 f"unknown remedy {self.remedy!r}", f"choose one of: {', '.join(grpo.REMEDIES)}"
             )
-        if self.remedy == "gspo" and self.scenario.name in ("biased", "unbiased"):
-            raise UsageError(
-                f"gspo has no token weights for scenario {self.scenario.name!r}",
-                "use a token-level remedy (none, tis, mis, icepop, seq-mis)",
-            )
         if self.steps < 1 or self.prompts < 1 or self.group < 2 or self.warm_steps < 0:
             raise UsageError(
                 f"steps={self.steps} prompts={self.prompts} group={self.group}",

@@ -126,11 +126,6 @@ class PolicyBatch:
                 f"objective {self.objective.kind!r} without old log-probs or advantages",
                 "pass old_logprobs [B, T] and advantages [B]",
             )
-        if self.objective.kind == "seq-clip" and self.weights is not None:
-            raise UsageError(
-                "GSPO's sequence clip has no per-token weights",
-                "use the token-clip objective for token weights",
-            )
         shape = (b, self.width)
         for name in ("old_logprobs", "weights"):
             value = getattr(self, name)
@@ -214,8 +209,9 @@ def policy_loss(
 
     - ``token-clip``: ``−(1/N) Σ_i (1/n_i) Σ_t w_{i,t} min(r Â_i, clip(r, 1 − ε_l, 1 + ε_h) Â_i)``,
       ``r = exp(lp − lp_old)`` (GRPO Eq. 2 with DAPO's decoupled clip);
-    - ``seq-clip``: ``−(1/N) Σ_i min(s_i Â_i, clip(s_i, 1 − ε_l, 1 + ε_h) Â_i)``,
-      ``s_i = exp(mean_t(lp − lp_old))`` (GSPO);
+    - ``seq-clip``: ``−(1/N) Σ_i (1/n_i) Σ_t w_{i,t} min(s_{i,t} Â_i, clip(s_{i,t}, 1 − ε_l,
+      1 + ε_h) Â_i)``, ``s_{i,t} = sg[s_i] π(o_t)/sg[π(o_t)]``, ``s_i = exp(mean_t(lp − lp_old))``
+      (GSPO-token; without weights, GSPO);
     - ``nll``: ``−(1/N) Σ_{i,t} lp_{i,t}`` (N = the token count: mean response NLL).
 
     Counts (floats, additive over shards): ``tokens``, ``sequences``, ``clip_low`` /
@@ -239,7 +235,9 @@ def policy_loss(
     old = batch.old_logprobs.to(logprobs.dtype)
     adv = batch.advantages.to(logprobs.dtype)
     if kind == "seq-clip":
-        surrogate = grpo.gspo_surrogate(logprobs, old, adv, mask, batch.objective.eps)
+        surrogate = grpo.gspo_surrogate(
+            logprobs, old, adv, mask, batch.objective.eps, batch.weights
+        )
     else:
         surrogate = grpo.clipped_surrogate(
             logprobs, old, adv, mask, batch.weights, batch.objective.eps

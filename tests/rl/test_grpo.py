@@ -102,6 +102,28 @@ def test_gspo_clips_one_geometric_mean_ratio_per_sequence():
     assert bool((out.clipped_low | out.clipped_high).any())
 
 
+def test_gspo_token_gradient_is_gspos_and_weights_scale_each_tokens_term():
+    """Unweighted, d/dlp of min(s_i A, clip(s_i) A) with s_i = exp(mean_t(lp − lp_old)) (GSPO
+    itself, differentiated by autograd); weighted, each token's gradient scales by its w."""
+    lp_old, _, mask, adv = _batch(6)
+    g = torch.Generator().manual_seed(7)
+    lp = (lp_old + 2e-4 * torch.randn(lp_old.shape, generator=g, dtype=torch.float64)).detach()
+    eps = grpo.GSPO_EPS
+    x = lp.clone().requires_grad_()
+    n = mask.sum(1)
+    s = torch.exp((torch.where(mask, x - lp_old, 0)).sum(1) / n)
+    reference = torch.minimum(s * adv, torch.clamp(s, 1 - eps[0], 1 + eps[1]) * adv).mean()
+    (expected,) = torch.autograd.grad(-reference, x)
+    y = lp.clone().requires_grad_()
+    (got,) = torch.autograd.grad(grpo.gspo_surrogate(y, lp_old, adv, mask).loss, y)
+    assert torch.allclose(got, expected)
+    assert expected.abs().max() > 0 and (expected == 0).any()  # some sequences clipped, some not
+    w = torch.rand(lp.shape, generator=g, dtype=torch.float64) + 0.5
+    z = lp.clone().requires_grad_()
+    (weighted,) = torch.autograd.grad(grpo.gspo_surrogate(z, lp_old, adv, mask, eps, w).loss, z)
+    assert torch.allclose(weighted, w * expected)
+
+
 def test_remedy_weights_follow_their_definitions():
     lp_old, lp_infer, mask, _ = _batch(5)
     rho = torch.exp(lp_old - lp_infer)

@@ -34,7 +34,7 @@ def _batch(kind: str = "token-clip", seed: int = 0, b: int = 7, **objective) -> 
         lr=1e-3,
         old_logprobs=None if kind == "nll" else old,
         advantages=None if kind == "nll" else torch.randn(b, generator=g),
-        weights=torch.rand(b, width, generator=g) + 0.5 if kind == "token-clip" else None,
+        weights=None if kind == "nll" else torch.rand(b, width, generator=g) + 0.5,
     )
 
 
@@ -66,7 +66,7 @@ def test_policy_loss_is_the_surrogate_over_the_batch_norm(kind):
             lp, batch.old_logprobs, batch.advantages, mask, batch.weights, eps
         )
     else:
-        s = grpo.gspo_surrogate(lp, batch.old_logprobs, batch.advantages, mask, eps)
+        s = grpo.gspo_surrogate(lp, batch.old_logprobs, batch.advantages, mask, eps, batch.weights)
     assert float(loss.detach()) == pytest.approx(float(s.loss.detach()), rel=1e-6)
     assert counts["tokens"] == float(mask.sum())
     assert counts["sequences"] == len(batch.sequences)
@@ -140,12 +140,7 @@ def test_default_clip_ranges_follow_the_objective():
         {"prompt_lengths": (3,)},  # empty response
         {"prompt_lengths": (0,)},  # empty prompt
         {"old_logprobs": torch.zeros(1, 5), "advantages": torch.zeros(1)},  # wrong width
-        {
-            "objective": Objective("seq-clip"),
-            "old_logprobs": torch.zeros(1, 1),
-            "advantages": torch.zeros(1),
-            "weights": torch.ones(1, 1),
-        },
+        {"old_logprobs": torch.zeros(1, 1), "advantages": torch.zeros(2)},  # one per sequence
     ],
 )
 def test_malformed_batches_are_refused(bad):

@@ -118,7 +118,6 @@ def test_cli_exit_codes_and_summary(tmp_path):
     assert set(summary["collapse"]) == {"fired", "step", "reason"}
     assert code == int(summary["mismatch_alarm"]["fired"] or summary["collapse"]["fired"])
     assert main(["rl-smoke", "--steps", "0", "--out", str(tmp_path / "bad")]) == 2
-    assert main(["rl-smoke", "--remedy", "gspo", "--scenario", "biased", "--out", str(out)]) == 2
     assert main(["rl-smoke", "--updates-per-step", "33", "--out", str(out)]) == 2  # > 8 × 4
     assert main(["rl-smoke", "--clip-low", "1.5", "--out", str(out)]) == 2
 
