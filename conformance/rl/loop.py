@@ -259,7 +259,7 @@ def rl_step(
     lengths = torch.tensor([len(c.tokens) for c in completions])
     mask = response_mask(lengths, lp_old.shape[1])
     engine_lp = pad_sequence([torch.tensor(c.logprobs) for c in completions], batch_first=True)
-    lp_infer = config.scenario.rollout_logprobs(engine_lp.to(lp_old.dtype), lp_old)
+    lp_infer = config.scenario.rollout_logprobs(step, engine_lp.to(lp_old.dtype), lp_old)
 
     weights = config.scenario.token_weights(step, lp_old.exp(), generator)
     remedy_w = grpo.remedy_weights(config.remedy, lp_old, lp_infer, mask)
