@@ -167,7 +167,7 @@ def run_smoke(engine: Engine, backend: Backend, config: RunConfig, out_dir: Path
     rng = random.Random(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     task = task_for(backend, config.long)
-    warm_start(backend, task, steps=config.warm_steps, lr=config.warm_lr, rng=rng)
+    trained(warm_start, backend, task, steps=config.warm_steps, lr=config.warm_lr, rng=rng)
     sync(engine, trained(backend.state_dict))
     decay = LengthDecaySchedule(config.lr) if config.remedy == "lr-decay" else None
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -219,10 +219,10 @@ def sync(engine: Engine, state: dict[str, torch.Tensor] | Any) -> None:
         raise UsageError(str(exc), "run rl-smoke with an engine that has load_weights") from exc
 
 
-def trained(call: Any, *args: Any) -> Any:
-    """``call(*args)`` on the backend's training protocol; a backend without it is refused."""
+def trained(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """``call(...)`` on the backend's training protocol; a backend without it is refused."""
     try:
-        return call(*args)
+        return call(*args, **kwargs)
     except NotImplementedError as exc:
         raise UsageError(str(exc), "run rl-smoke with a backend that can train (hf)") from exc
 

@@ -178,22 +178,29 @@ STUDIES = (
         (
             *pair("K=4, engine", **ENGINE),
             *pair("K=8, engine", updates_per_step=8, **ENGINE),
-            *pair("K=4, engine, lr 1e-3", lr=1e-3, **ENGINE),
+            *pair("K=4, engine, lr 1e-3", lr=1e-3, seeds=SEEDS, **ENGINE),
             *pair("K=4, engine, gspo", **ENGINE, **GSPO),
             *pair("K=4, engine, long", steps=LONG_STEPS, **ENGINE, **LONG),
-            exp(
-                "K=4, engine, biased engine δ=2",
-                scenario=Scenario("engine-bias", strength=2.0),
-                steps=SEARCH_STEPS,
-                seeds=(0,),
-                **ENGINE,
+            *(
+                exp(
+                    f"K=4, engine, biased engine δ={d:g}",
+                    scenario=Scenario("engine-bias", strength=d),
+                    steps=SEARCH_STEPS,
+                    seeds=(0,),
+                    **ENGINE,
+                )
+                for d in (2.0, 0.5, 10.0, 0.1)
             ),
-            exp(
-                "K=4, engine, biased engine δ=0.5",
-                scenario=Scenario("engine-bias", strength=0.5),
-                steps=SEARCH_STEPS,
-                seeds=(0,),
-                **ENGINE,
+            *(
+                exp(
+                    f"K=4, engine, fp32 + injected {s:g}",
+                    dtype="float32",
+                    scenario=Scenario("inject", strength=s),
+                    steps=SEARCH_STEPS,
+                    seeds=(0,),
+                    **ENGINE,
+                )
+                for s in (0.05, 0.1)
             ),
         ),
     ),
@@ -201,7 +208,8 @@ STUDIES = (
 
 
 def run_dir(runs_dir: Path, experiment: Experiment, seed: int) -> Path:
-    slug = re.sub(r"[^A-Za-z0-9.=+-]+", "_", experiment.name).strip("_")
+    name = experiment.name.replace("δ", "delta").replace("σ", "sigma")
+    slug = re.sub(r"[^A-Za-z0-9.=+-]+", "_", name).strip("_")
     return runs_dir / f"{slug}-s{seed}"
 
 

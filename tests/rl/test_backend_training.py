@@ -11,7 +11,7 @@ import torch
 from conformance.backends import BACKENDS, Backend, BackendConfig
 from conformance.engines import ENGINES, EngineConfig
 from conformance.errors import UsageError
-from conformance.rl.loop import trained
+from conformance.rl.loop import RunConfig, run_smoke, trained
 from conformance.rl.objective import Objective, PolicyBatch
 
 PROMPT = 3
@@ -107,7 +107,7 @@ def test_reset_optimizer_restarts_adam(default_model):
     assert steps[2] == pytest.approx(1e-4, rel=0.01)
 
 
-def test_a_backend_that_cannot_train_is_refused(default_model):
+def test_a_backend_that_cannot_train_is_refused(default_model, tmp_path):
     class ScoreOnly(Backend):
         name = "score-only"
 
@@ -119,3 +119,6 @@ def test_a_backend_that_cannot_train_is_refused(default_model):
         trained(backend.update, None)
     with pytest.raises(UsageError, match="cannot hand out its weights"):
         trained(backend.state_dict)
+    engine = ENGINES.get("hf-generate")(EngineConfig(model=default_model))
+    with pytest.raises(UsageError, match=r"cannot train.*a backend that can train"):
+        run_smoke(engine, backend, RunConfig(steps=1), tmp_path)
