@@ -179,8 +179,11 @@ STUDIES = (
             *pair("K=4, engine", **ENGINE),
             *pair("K=8, engine", updates_per_step=8, **ENGINE),
             *pair("K=4, engine, lr 1e-3", lr=1e-3, seeds=SEEDS, **ENGINE),
+            *pair("K=4, engine, lr 5e-4", lr=5e-4, seeds=SEEDS, **ENGINE),
+            *pair("K=4, engine, lr 7e-4", lr=7e-4, seeds=SEEDS, **ENGINE),
             *pair("K=4, engine, gspo", **ENGINE, **GSPO),
             *pair("K=4, engine, long", steps=LONG_STEPS, **ENGINE, **LONG),
+            *pair("K=8, engine, long", steps=LONG_STEPS, updates_per_step=8, **ENGINE, **LONG),
             *(
                 exp(
                     f"K=4, engine, biased engine δ={d:g}",
@@ -201,6 +204,15 @@ STUDIES = (
                     **ENGINE,
                 )
                 for s in (0.05, 0.1)
+            ),
+            exp(
+                "K=4, engine, lr 5e-4, fp32 + injected 0.1",
+                dtype="float32",
+                scenario=Scenario("inject", strength=0.1),
+                steps=SEARCH_STEPS,
+                seeds=SEEDS,
+                lr=5e-4,
+                **ENGINE,
             ),
         ),
     ),
