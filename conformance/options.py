@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conformance.depth import DEPTHS
 from conformance.errors import UsageError
 
 
@@ -35,6 +36,21 @@ PROFILE = Option(
     "profile", "tolerance profile name or TOML path (default: implied by the dtypes)", None, "P"
 )
 EXAMPLES = Option("examples", "Hypothesis examples per property (default: 20)", "20", "N")
+DEPTH = Option(
+    "depth",
+    "how far the property search reaches: "
+    + "; ".join(d.describe() for d in DEPTHS.values())
+    + " (default: quick)",
+    "quick",
+    "NAME",
+)
+SHRINK_SECONDS = Option(
+    "shrink-seconds",
+    "seconds Hypothesis may spend shrinking a failure to a minimal case; past them the report "
+    "says the case was not fully shrunk (default: 60)",
+    "60",
+    "S",
+)
 LOGPROBS = Option(
     "logprobs", "which logprobs the engine is asked for: raw or processed (default: raw)", "raw"
 )
@@ -48,6 +64,16 @@ BACKEND_MICRO_BATCH = Option(
 BACKEND_ATTN = Option(
     "backend-attn", "backend attention implementation: sdpa or eager (default: sdpa)", "sdpa"
 )
+BACKEND_OPTION = Option(
+    "backend-option", "backend-specific setting, repeatable", None, "KEY=VALUE", multiple=True
+)
+CALL_TIMEOUT = Option(
+    "call-timeout",
+    "seconds one engine or backend call may take; a call that overruns ends the run "
+    "incomplete as hung (default: 600)",
+    "600",
+    "S",
+)
 
 STACK_OPTIONS = (
     ENGINE,
@@ -57,11 +83,15 @@ STACK_OPTIONS = (
     BACKEND_DTYPE,
     PROFILE,
     EXAMPLES,
+    DEPTH,
+    SHRINK_SECONDS,
     LOGPROBS,
     ENGINE_OPTION,
     ENGINE_URL,
     BACKEND_MICRO_BATCH,
     BACKEND_ATTN,
+    BACKEND_OPTION,
+    CALL_TIMEOUT,
 )
 
 
@@ -116,14 +146,12 @@ def resolve(
     return values
 
 
-def parse_key_values(pairs: list[str]) -> dict[str, str]:
+def parse_key_values(pairs: list[str], *, what: str = "engine option") -> dict[str, str]:
     """``["a=1", "b=x"]`` → ``{"a": "1", "b": "x"}``."""
     parsed = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise UsageError(
-                f"engine option {pair!r} is not KEY=VALUE", "write e.g. max_num_seqs=4"
-            )
+            raise UsageError(f"{what} {pair!r} is not KEY=VALUE", "write e.g. max_num_seqs=4")
         parsed[key.strip()] = value.strip()
     return parsed

@@ -14,10 +14,12 @@ batch and the loss are defined once, in ``conformance.rl.objective`` (``PolicyBa
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from conformance.errors import UsageError
 
 if TYPE_CHECKING:
     import torch
@@ -37,6 +39,8 @@ class BackendConfig:
     micro_batch_size: int = 8
     layout: Layout = "right-pad"
     attn_implementation: str = "sdpa"
+    #: backend-specific settings as ``--backend-option KEY=VALUE`` gives them (strings)
+    options: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -56,15 +60,33 @@ class Backend(ABC):
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, str]) -> None:
+        """Raise ``UsageError`` for ``--backend-option`` settings this backend does not take or
+        cannot parse, before anything starts. By default a backend takes none."""
+        if options:
+            raise UsageError(
+                f"backend {cls.name!r} takes no backend options (got {', '.join(sorted(options))})",
+                "drop --backend-option",
+            )
+
     @abstractmethod
     def recompute(
         self,
         sequences: Sequence[Sequence[int]],
         *,
         temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
         grad: bool = False,
     ) -> Recompute:
-        """Log-probabilities (of ``log_softmax(logits / temperature)``) and entropies.
+        """Log-probabilities and entropies of the next-token distribution at every position.
+
+        By default the raw model distribution ``log_softmax(logits)``. With ``temperature``,
+        ``top_k`` (0 = off) or ``top_p`` (1.0 = off), the *processed* distribution a sampler
+        draws from: logits / temperature, then everything outside the top k and outside the
+        smallest nucleus of mass ≥ top_p masked out and the rest renormalised (the order of
+        vLLM's and transformers' samplers). A token outside it gets ``-inf``.
 
         With ``grad=True`` the log-probabilities carry the autograd graph (for RL updates).
         """
@@ -121,6 +143,7 @@ class Backend(ABC):
             "micro_batch_size": c.micro_batch_size,
             "layout": c.layout,
             "attn_implementation": c.attn_implementation,
+            "options": dict(c.options),
         }
 
     def close(self) -> None:

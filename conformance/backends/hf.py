@@ -35,6 +35,7 @@ class HFBackend(Backend):
             raise UsageError(
                 f"unknown layout {config.layout!r}", "use right-pad, left-pad or packed"
             )
+        self.check_options(config.options)
         self._model = load_causal_lm(config.model, config.dtype, config.attn_implementation)
         self._optimizer: torch.optim.Optimizer | None = None
 
@@ -78,6 +79,8 @@ class HFBackend(Backend):
         sequences: Sequence[Sequence[int]],
         *,
         temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
         grad: bool = False,
     ) -> Recompute:
         import torch
@@ -92,16 +95,16 @@ class HFBackend(Backend):
         with torch.set_grad_enabled(grad):
             for start in range(0, len(sequences), step):
                 chunk = [list(s) for s in sequences[start : start + step]]
-                lp, ent = self._forward(chunk, temperature)
+                lp, ent = self._forward(chunk, (temperature, top_k, top_p))
                 logprobs.extend(lp)
                 entropy.extend(ent)
         return Recompute(logprobs=logprobs, entropy=entropy)
 
     def _forward(
-        self, chunk: list[list[int]], temperature: float
+        self, chunk: list[list[int]], sampling: tuple[float, int, float]
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         if self.config.layout == "packed":
-            return self._forward_packed(chunk, temperature)
+            return self._forward_packed(chunk, sampling)
         import torch
 
         width = max(map(len, chunk))
@@ -119,7 +122,7 @@ class HFBackend(Backend):
             attention_mask=mask.to(device()),
             position_ids=positions.to(device()),
         ).logits
-        lp, ent = gather_logprobs(logits[:, :-1], ids[:, 1:].to(device()), temperature)
+        lp, ent = gather_logprobs(logits[:, :-1], ids[:, 1:].to(device()), *sampling)
         out_lp, out_ent = [], []
         for row, seq in enumerate(chunk):
             offset = width - len(seq) if left else 0
@@ -129,7 +132,7 @@ class HFBackend(Backend):
         return out_lp, out_ent
 
     def _forward_packed(
-        self, chunk: list[list[int]], temperature: float
+        self, chunk: list[list[int]], sampling: tuple[float, int, float]
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         import torch
 
@@ -146,7 +149,7 @@ class HFBackend(Backend):
             attention_mask=bias[None, None].to(device()),
             position_ids=positions.to(device()),
         ).logits[0]
-        lp, ent = gather_logprobs(logits[:-1], ids[0, 1:].to(device()), temperature)
+        lp, ent = gather_logprobs(logits[:-1], ids[0, 1:].to(device()), *sampling)
         out_lp, out_ent = [], []
         start = 0
         for seq in chunk:

@@ -91,7 +91,7 @@ def test_engine_dying_mid_run_keeps_measurements_and_is_incomplete(tmp_path, cli
     assert "simulated death" in report["reason"]
     events = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert sum(e["event"] == "measurement" for e in events) >= 1
-    assert any(e["event"] == "engine_crash" for e in events)
+    assert any(e["event"] == "crash" for e in events)
 
 
 @pytest.mark.parametrize(

@@ -162,16 +162,11 @@ def test_one_update_with_the_recompute_never_clips(tmp_path):
 
 
 def test_certify_rl_smoke_takes_the_training_options(tmp_path, cli_env):
-    import shutil
     import subprocess
     import sys
 
-    suites = tmp_path / "suites"
-    suites.mkdir()
-    for name in ("conftest.py", "test_rl_smoke.py"):
-        shutil.copy(Path(__file__).resolve().parents[2] / "suites" / name, suites / name)
     out = tmp_path / "report"
-    args = ["--rl-smoke", *SEEDS_REGIME, "--clip-high", "0.28", "--suites", str(suites)]
+    args = ["--rl-smoke", *SEEDS_REGIME, "--clip-high", "0.28", "--suite", "rl_smoke"]
     result = subprocess.run(
         [sys.executable, "-m", "conformance", "certify", *args, "--out", str(out)],
         capture_output=True, text=True, env=cli_env, cwd=tmp_path, timeout=600,
