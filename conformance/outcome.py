@@ -18,6 +18,20 @@ from conformance.errors import EngineCrashed
 _MORE_SHOWN = 3
 
 
+class ProfileViolation(AssertionError):
+    """A measurement outside the active profile's bounds."""
+
+
+class PropertyFailure(AssertionError):
+    """A property's own finding (processed logprobs, a rollout that differs on a rerun, a
+    measurement below the rounding floor): more specific than a bound, so it leads a report.
+
+    A distinct type, because Hypothesis tells failures apart by type and raising line: were
+    it a plain profile violation, shrinking could slide from this finding to a bound broken
+    by a smaller case and lose the diagnosis.
+    """
+
+
 @dataclass(frozen=True)
 class Outcome:
     status: str
@@ -52,7 +66,10 @@ def classify(exc: BaseException) -> Outcome:
     from hypothesis.errors import Flaky
 
     found = leaves(exc)
-    violations = [e for e in found if isinstance(e, AssertionError)]
+    violations = sorted(
+        (e for e in found if isinstance(e, AssertionError)),
+        key=lambda e: not isinstance(e, PropertyFailure),
+    )
     crashed = any(isinstance(e, EngineCrashed) for e in found)
     flaky = isinstance(exc, Flaky)
     if violations:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from conformance.options import STACK_OPTIONS, add_stack_options, pyproject_table, resolve
+from conformance.rl.options import add_training_options
 
 if TYPE_CHECKING:
     from conformance.session import HarnessSession
@@ -45,6 +46,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="also run the RL smoke suite: a short GRPO run on a copy of the stack (minutes)",
     )
+    add_training_options(group.addoption, prefix=PREFIX)  # the RL smoke suite's training regime
     for option in STACK_OPTIONS:
         parser.addini(f"tim_{option.name.replace('-', '_')}", option.help)
     parser.addini("tim_report", "default for --tim-report")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from conformance.errors import NonFiniteLogprobs
 from conformance.metric_table import EXAMPLE_METRICS
-from conformance.outcome import origin
+from conformance.outcome import ProfileViolation, PropertyFailure, origin
 
 if TYPE_CHECKING:
     import torch
@@ -194,7 +194,11 @@ class Recorder:
 
         train, mask = stack_ragged([torch.as_tensor(r, dtype=torch.float64) for r in lp_train])
         infer, _ = stack_ragged([torch.as_tensor(r, dtype=torch.float64) for r in lp_infer])
-        return self._profile.check(_safe_metrics(mismatch_metrics, train, infer, mask))
+        metrics = _safe_metrics(mismatch_metrics, train, infer, mask)
+        if int(mask.sum()) < 2:
+            # a correlation needs two tokens: on one, pcc is 0 by definition, no evidence
+            metrics.pop("pcc", None)
+        return self._profile.check(metrics)
 
     def note(self, **values: Any) -> None:
         """Record extra per-check numbers (e.g. a simulated floor) next to the metrics."""
@@ -209,7 +213,11 @@ class Recorder:
         violations = self._profile.check({k: v for k, v in metrics.items() if k in EXAMPLE_METRICS})
         if violations:
             detail = f" — {record.nonfinite_at}" if metrics["nonfinite_tokens"] else ""
-            self.fail(f"{_describe(violations)} (profile {self._profile.name}){detail}", metrics)
+            self._raise(
+                ProfileViolation,
+                f"{_describe(violations)} (profile {self._profile.name}){detail}",
+                metrics,
+            )
 
     def check_pooled(self) -> None:
         """Hold the profile's population metrics over every token the test measured."""
@@ -220,18 +228,25 @@ class Recorder:
         )
         if violations and record.worst is not None:
             record.case = record.worst[1]
-            self.fail(
+            self._raise(
+                ProfileViolation,
                 f"{_describe(violations)} over all {record.examples_run} examples pooled "
                 f"(profile {self._profile.name}); the worst example below",
                 record.worst[2],
             )
 
     def fail(self, headline: str, metrics: dict[str, float] | None = None) -> NoReturn:
-        """Fail the running example; the message carries its case and the replay command."""
+        """Fail the running example with the property's own finding; the message carries its
+        case and the replay command."""
+        self._raise(PropertyFailure, headline, metrics)
+
+    def _raise(
+        self, kind: type[AssertionError], headline: str, metrics: dict[str, float] | None
+    ) -> NoReturn:
         record = self._require_check()
         if metrics is not None:
             record.metrics = metrics
-        raise AssertionError(
+        raise kind(
             f"{record.suite}: {headline}\n  case: {json.dumps(record.case)}\n"
             f"  replay: {self._replay(record.nodeid)}"
         )

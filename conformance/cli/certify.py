@@ -10,6 +10,7 @@ from typing import Any
 
 from conformance.errors import EngineCrashed, UsageError
 from conformance.options import add_stack_options, pyproject_table, resolve
+from conformance.rl.options import add_training_options, pytest_args, training_values
 
 #: the suites shipped next to the package (a clone installed with ``pip install -e .``)
 DEFAULT_SUITES = Path(__file__).resolve().parents[2] / "suites"
@@ -57,6 +58,7 @@ def add_parser(subparsers: Any) -> None:
         action="store_true",
         help="also run a short RL smoke run on a copy of the stack (a few minutes)",
     )
+    add_training_options(parser.add_argument, prefix="")  # the --rl-smoke run's training regime
     parser.add_argument(
         "--check",
         type=Path,
@@ -82,7 +84,9 @@ def run(args: argparse.Namespace) -> int:
         )
     out = args.out or Path("reports") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     seed = DEFAULT_SEED if args.seed is None else args.seed
-    extra = ["--tim-rl-smoke"] if args.rl_smoke else []
+    if training_values(vars(args)) and not args.rl_smoke:
+        raise UsageError("RL training options without --rl-smoke", "add --rl-smoke or drop them")
+    extra = ["--tim-rl-smoke", *pytest_args(vars(args))] if args.rl_smoke else []
     report = _run_suites(spec, _suite_paths(args.suites, args.suite), out, seed, extra)
     return _conclude(report, out)
 

@@ -126,7 +126,12 @@ def threshold(profile: str, fact: Metric, measured: Measured, factor: float) -> 
 
 
 def write_profile(
-    path: Path, profile: str, measured: dict[str, Measured], factor: float, when: str
+    path: Path,
+    profile: str,
+    measured: dict[str, Measured],
+    factor: float,
+    when: str,
+    batches: tuple[tuple[int, int, int], ...],
 ) -> None:
     quadratic = ", ".join(sorted(QUADRATIC))
     lines = [
@@ -135,7 +140,7 @@ def write_profile(
         "hf-generate (KV-cache decode,",
         "# left padding) vs the hf backend's full forward in fp32 on 3 models (qwen2 seeds 0 "
         "and 1, llama seed 2;",
-        f"# 2 layers, hidden 64, vocab 384), batches {_batches()} x {len(SAMPLING_SEEDS)} "
+        f"# 2 layers, hidden 64, vocab 384), batches {_batches(batches)} x {len(SAMPLING_SEEDS)} "
         f"sampling seeds, measured {when}.",
         f"# Threshold = worst measured distance from the ideal x {factor:g} ({factor:g}^2 for "
         f"{quadratic}), rounded up",
@@ -152,8 +157,8 @@ def write_profile(
     path.write_text("\n".join(lines) + "\n")
 
 
-def _batches() -> str:
-    return ", ".join(f"{p}x({n}+{new})" for p, n, new in BATCHES)
+def _batches(batches: tuple[tuple[int, int, int], ...]) -> str:
+    return ", ".join(f"{p}x({n}+{new})" for p, n, new in batches)
 
 
 def _round_up(value: float, fact: Metric) -> float:
@@ -167,7 +172,7 @@ def _round_up(value: float, fact: Metric) -> float:
 
 
 def _num(fact: Metric, value: float) -> str:
-    if fact.ideal == 1.0 and value != 1.0:
+    if fact.ideal == 1.0 and 0 < abs(value - 1) < 0.01:
         return f"1 {'+' if value > 1 else '-'} {abs(value - 1):.2g}"
     return f"{value:.3g}"
 
@@ -183,7 +188,7 @@ def main() -> None:
     when = dt.date.today().isoformat()
     for profile, precision, factor in PRECISIONS:
         measured = measure(precision, batches)
-        write_profile(args.out / f"{profile}.toml", profile, measured, factor, when)
+        write_profile(args.out / f"{profile}.toml", profile, measured, factor, when, batches)
         print(f"wrote {args.out / f'{profile}.toml'}", flush=True)
 
 
