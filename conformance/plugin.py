@@ -359,7 +359,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         _write_html(harness.final_report, harness.report_dir)
 
 
-def _write_html(report: dict[str, Any], out: Path) -> None:
+def _write_html(report: Any, out: Path) -> None:
     from conformance.report import write_html
 
     write_html(report, out / "report.html")
