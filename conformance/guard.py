@@ -131,8 +131,11 @@ class Guarded:
             raise
         except Exception as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            detail = first if isinstance(exc, CallTimedOut) else f"{type(exc).__name__}: {first}"
-            self._dead = f"{self._label} died in {method}(): {detail}"
+            self._dead = (
+                first
+                if isinstance(exc, CallTimedOut)
+                else f"{self._label} died in {method}(): {type(exc).__name__}: {first}"
+            )
             self._on_crash(self._dead)
             raise EngineCrashed(
                 self._dead,

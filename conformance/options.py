@@ -75,6 +75,14 @@ CALL_TIMEOUT = Option(
     "S",
 )
 
+START_TIMEOUT = Option(
+    "start-timeout",
+    "seconds an engine or backend may take to start; past them the run ends incomplete "
+    "(default: 900)",
+    "900",
+    "S",
+)
+
 STACK_OPTIONS = (
     ENGINE,
     BACKEND,
@@ -92,6 +100,7 @@ STACK_OPTIONS = (
     BACKEND_ATTN,
     BACKEND_OPTION,
     CALL_TIMEOUT,
+    START_TIMEOUT,
 )
 
 

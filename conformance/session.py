@@ -122,7 +122,7 @@ class HarnessSession:
         component_cls = registry.get(name)
         started = time.perf_counter()
         try:
-            with deadline(self.spec.call_timeout, f"starting {kind} {name!r}"):
+            with deadline(self.spec.start_timeout, f"starting {kind} {name!r}"):
                 inner = component_cls(config)
         except ConformanceError:
             raise

@@ -63,6 +63,8 @@ class StackSpec:
     backend_options: dict[str, str] = field(default_factory=dict)
     #: seconds one engine or backend call may take before the run ends incomplete (hung)
     call_timeout: float = 600.0
+    #: seconds an engine or backend may take to start
+    start_timeout: float = 900.0
 
     @classmethod
     def from_options(cls, values: dict[str, Any]) -> StackSpec:
@@ -94,6 +96,7 @@ class StackSpec:
             backend_attn=values["backend-attn"],
             backend_options=parse_key_values(values["backend-option"], what="backend option"),
             call_timeout=_positive_number("call-timeout", values["call-timeout"]),
+            start_timeout=_positive_number("start-timeout", values["start-timeout"]),
         )
 
     def preflight(self) -> None:
@@ -157,6 +160,8 @@ class StackSpec:
             args += ["--tim-backend-option", f"{key}={value}"]
         if self.call_timeout != StackSpec.call_timeout:
             args += ["--tim-call-timeout", f"{self.call_timeout:g}"]
+        if self.start_timeout != StackSpec.start_timeout:
+            args += ["--tim-start-timeout", f"{self.start_timeout:g}"]
         return args
 
 
@@ -195,7 +200,11 @@ def package_versions() -> dict[str, str | None]:
 
 
 def device_info() -> dict[str, Any]:
-    import torch
+    try:
+        import torch
+    except Exception as exc:
+        # a start cut short mid-import leaves torch half-loaded: the report must still be written
+        return {"kind": "unknown", "error": f"{type(exc).__name__}: {exc}"[:200]}
 
     if torch.cuda.is_available():
         return {

@@ -141,7 +141,7 @@ def _conclude(report: dict[str, Any], out: Path) -> int:
     if verdict == "incomplete":
         raise EngineCrashed(
             f"run incomplete: {report['reason']}; partial results kept in {out / 'results.jsonl'}",
-            "rerun certify once the cause is fixed (a crashed or hung engine: see its log)",
+            "rerun certify once the cause is fixed; a crashed or hung engine's log says why",
         )
     print(f"tim-conformance: verdict {'CERTIFIED' if verdict == 'pass' else 'NOT CERTIFIED'}")
     return 0 if verdict == "pass" else 1
