@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from conformance import __version__
 from conformance.errors import UsageError
 from conformance.metric_table import worst_metrics
-from conformance.report.schema import suites, validate_report
+from conformance.report.schema import Report, load_report
 
 CERTIFICATE_SCHEMA = 1
 
@@ -41,7 +43,7 @@ class CertificateCheck:
     differences: list[tuple[str, object, object]] = field(default_factory=list)
 
 
-def stable_stack(stack: dict) -> dict:
+def stable_stack(stack: Mapping[str, Any]) -> dict[str, Any]:
     """``stack`` without the ``VOLATILE`` fields (a deep copy; the input is left alone)."""
     stable = json.loads(json.dumps(stack))
     for path in VOLATILE:
@@ -53,53 +55,41 @@ def stable_stack(stack: dict) -> dict:
     return stable
 
 
-def build_certificate(report: dict, report_sha256: str) -> dict:
-    """The certificate for a validated report whose bytes hash to ``report_sha256``."""
-    profile = report.get("profile") or {}
+def build_certificate(report: Report, report_sha256: str) -> dict[str, Any]:
+    """The certificate for a report whose file's bytes hash to ``report_sha256``."""
     return {
         "certificate_schema": CERTIFICATE_SCHEMA,
-        "verdict": report.get("verdict"),
-        "certified": report.get("verdict") == "pass",
-        "fingerprint": report["stack"].get("fingerprint"),
-        "stack": stable_stack(report["stack"]),
-        "profile": {"name": profile.get("name"), "thresholds": profile.get("thresholds")},
-        "seed": report.get("seed"),
-        "examples": report.get("examples"),
-        "created": report.get("created"),
-        "command": report.get("command"),
+        "verdict": report.verdict,
+        "certified": report.verdict == "pass",
+        "fingerprint": report.stack["fingerprint"],
+        "stack": stable_stack(report.stack),
+        "profile": {"name": report.profile.name, "thresholds": report.profile.thresholds},
+        "seed": report.seed,
+        "examples": report.examples,
+        "created": report.created,
+        "command": report.command,
         "metrics": {
-            name: worst_metrics(c.get("metrics") or {} for c in checks)
-            for name, checks in suites(report).items()
+            name: worst_metrics(c.metrics for c in checks)
+            for name, checks in report.suites().items()
         },
         "report_sha256": report_sha256,
         "tim_conformance": __version__,
     }
 
 
-def write_certificate(report_path: Path, out: Path) -> dict:
+def write_certificate(report_path: Path, out: Path) -> dict[str, Any]:
     """Write ``out`` (certificate.json) for the report at ``report_path``; return its content."""
     report_path = Path(report_path)
-    try:
-        data = report_path.read_bytes()
-    except OSError as exc:
-        raise UsageError(
-            f"cannot read {report_path}: {exc.strerror}", "pass a report.json"
-        ) from None
-    try:
-        report = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise UsageError(
-            f"{report_path} is not JSON", "pass the report.json certify wrote"
-        ) from None
-    validate_report(report, str(report_path))
-    certificate = build_certificate(report, hashlib.sha256(data).hexdigest())
+    report = load_report(report_path)
+    digest = hashlib.sha256(report_path.read_bytes()).hexdigest()
+    certificate = build_certificate(report, digest)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(certificate, indent=2, sort_keys=True) + "\n", "utf-8")
     return certificate
 
 
-def load_certificate(cert_path: Path) -> dict:
+def load_certificate(cert_path: Path) -> dict[str, Any]:
     """Read a certificate.json; a missing or malformed one is a one-line UsageError."""
     cert_path = Path(cert_path)
     try:
@@ -124,7 +114,7 @@ def load_certificate(cert_path: Path) -> dict:
     return certificate
 
 
-def check_certificate(cert_path: Path, stack: dict) -> CertificateCheck:
+def check_certificate(cert_path: Path, stack: Mapping[str, Any]) -> CertificateCheck:
     """Compare the current ``stack`` (report.json's shape) with the certified one."""
     certified = _flatten(load_certificate(cert_path)["stack"])
     current = _flatten(stable_stack(stack))

@@ -22,6 +22,7 @@ Exit codes: 0 within profile and no regression; 1 otherwise, an incomplete candi
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from typing import Any
 from conformance.errors import UsageError
 from conformance.metric_table import BY_NAME, METRICS, worst_metrics
 from conformance.report.html import as_text, code_block, join, number, page, table, tag
-from conformance.report.schema import suites, validate_report
+from conformance.report.schema import Report, as_report
 
 DEFAULT_FACTOR = 2.0
 DEFAULT_FLOOR = 1e-6
@@ -97,30 +98,29 @@ class GateResult:
 
 
 def compare(
-    baseline: dict,
-    candidate: dict,
+    baseline: Report | Mapping[str, Any],
+    candidate: Report | Mapping[str, Any],
     *,
     profile: Any = None,
     max_regression: dict[str, float] | None = None,
     floor: float = DEFAULT_FLOOR,
 ) -> GateResult:
-    """Gate ``candidate`` against ``baseline`` (report.json dicts).
+    """Gate ``candidate`` against ``baseline`` (reports, or decoded report.json files).
 
     ``profile``: a profile name, path or loaded Profile to hold the candidate to; by default
     the candidate's own thresholds (its checks' recorded violations) are used.
     ``max_regression``: allowed factor per metric name; others get ``DEFAULT_FACTOR``.
     """
-    validate_report(baseline, "baseline")
-    validate_report(candidate, "candidate")
+    baseline, candidate = as_report(baseline, "baseline"), as_report(candidate, "candidate")
     factors = dict(max_regression or {})
     _validate_factors(factors, baseline, candidate)
     commands = {
-        "baseline_command": baseline.get("command"),
-        "candidate_command": candidate.get("command"),
+        "baseline_command": baseline.command,
+        "candidate_command": candidate.command,
     }
-    if candidate.get("verdict") == "incomplete":
+    if candidate.verdict == "incomplete":
         # a change that crashes the engine or errors a check fails the gate, it is not "n/a"
-        reason = candidate.get("reason") or "no reason given"
+        reason = candidate.reason or "no reason given"
         return GateResult(REGRESSED, f"the candidate run is incomplete: {reason}", **commands)
     why_not = not_comparable(baseline, candidate)
     if why_not:
@@ -150,10 +150,10 @@ def compare(
     )
 
 
-def not_comparable(baseline: dict, candidate: dict) -> str | None:
+def not_comparable(baseline: Report, candidate: Report) -> str | None:
     """Why the two reports cannot be compared (one line), or None when they can."""
-    if baseline.get("verdict") == "incomplete":
-        return f"the baseline run is incomplete ({baseline.get('reason') or 'no reason given'})"
+    if baseline.verdict == "incomplete":
+        return f"the baseline run is incomplete ({baseline.reason or 'no reason given'})"
     b_checks, c_checks = _check_ids(baseline), _check_ids(candidate)
     if b_checks != c_checks:
         only_b, only_c = sorted(b_checks - c_checks), sorted(c_checks - b_checks)
@@ -163,25 +163,24 @@ def not_comparable(baseline: dict, candidate: dict) -> str | None:
         if only_c:
             parts.append(f"only the candidate ran {_few(only_c)}")
         return "different checks: " + "; ".join(parts)
-    b_model = (baseline["stack"].get("model") or {}).get("sha256")
-    c_model = (candidate["stack"].get("model") or {}).get("sha256")
+    b_model, c_model = baseline.stack.model_sha256, candidate.stack.model_sha256
     if b_model != c_model:
-        return f"different models (sha256 {str(b_model)[:12]}… vs {str(c_model)[:12]}…)"
+        return f"different models (sha256 {b_model[:12]}… vs {c_model[:12]}…)"
     for key in ("seed", "examples"):
-        if baseline.get(key) != candidate.get(key):
-            b, c = baseline.get(key), candidate.get(key)
+        b, c = getattr(baseline, key), getattr(candidate, key)
+        if b != c:
             return f"different {key} ({b} vs {c}); rerun both with the same --{key}"
     return None
 
 
 def regression_rows(
-    baseline: dict, candidate: dict, factors: dict[str, float], floor: float
+    baseline: Report, candidate: Report, factors: dict[str, float], floor: float
 ) -> list[MetricRow]:
     rows = []
-    b_suites, c_suites = suites(baseline), suites(candidate)
+    b_suites, c_suites = baseline.suites(), candidate.suites()
     for suite, b_checks in b_suites.items():
-        b_worst = worst_metrics(c.get("metrics") or {} for c in b_checks)
-        c_worst = worst_metrics(c.get("metrics") or {} for c in c_suites.get(suite, []))
+        b_worst = worst_metrics(c.metrics for c in b_checks)
+        c_worst = worst_metrics(c.metrics for c in c_suites.get(suite, []))
         for metric in sorted(b_worst.keys() | c_worst.keys()):
             factor = factors.get(metric, DEFAULT_FACTOR)
             b, c = b_worst.get(metric), c_worst.get(metric)
@@ -199,7 +198,7 @@ def regression_rows(
     return rows
 
 
-def profile_violations(candidate: dict, profile: Any) -> tuple[str, list[str]]:
+def profile_violations(candidate: Report, profile: Any) -> tuple[str, list[str]]:
     """The profile's name and one line per candidate check that breaks it.
 
     Without ``profile`` the candidate's own verdicts count: its recorded violations, and any
@@ -210,26 +209,18 @@ def profile_violations(candidate: dict, profile: Any) -> tuple[str, list[str]]:
 
         profile = load_profile(profile)
     lines = []
-    for check in candidate["checks"]:
-        if profile is None:
-            found = [
-                (v.get("metric"), v.get("value"), v.get("threshold"))
-                for v in check.get("violations") or []
-            ]
-        else:
-            found = [
-                (v.metric, v.value, v.threshold) for v in profile.check(check.get("metrics") or {})
-            ]
-        where = f"{check.get('suite')}/{check.get('name')}"
+    for check in candidate.checks:
+        found = check.violations if profile is None else profile.check(check.metrics)
+        where = f"{check.suite}/{check.name}"
         if found:
-            shown = "; ".join(f"{m} = {as_text(v)} vs {as_text(t)}" for m, v, t in found[:3])
+            shown = "; ".join(
+                f"{v.metric} = {as_text(v.value)} vs {as_text(v.threshold)}" for v in found[:3]
+            )
             more = f" (+{len(found) - 3} more)" if len(found) > 3 else ""
             lines.append(f"{where}: {shown}{more}")
-        elif profile is None and check.get("status") in ("fail", "error"):
-            lines.append(f"{where}: {check['status']}: {check.get('message') or ''}".rstrip())
-    if profile is None:
-        return (candidate.get("profile") or {}).get("name") or "of the candidate", lines
-    return profile.name, lines
+        elif profile is None and check.status in ("fail", "error"):
+            lines.append(f"{where}: {check.status}: {check.message}".rstrip())
+    return (candidate.profile.name if profile is None else profile.name), lines
 
 
 def write_gate_html(result: GateResult, out: Path) -> Path:
@@ -311,8 +302,8 @@ def parse_factors(specs: list[str]) -> dict[str, float]:
     return factors
 
 
-def _validate_factors(factors: dict[str, float], *reports: dict) -> None:
-    known = {m for r in reports for c in r["checks"] for m in (c.get("metrics") or {})}
+def _validate_factors(factors: dict[str, float], *reports: Report) -> None:
+    known = {m for r in reports for c in r.checks for m in c.metrics}
     for metric, factor in factors.items():
         if metric not in known:
             raise UsageError(
@@ -323,8 +314,8 @@ def _validate_factors(factors: dict[str, float], *reports: dict) -> None:
             raise UsageError(f"--max-regression {metric}={factor:g}", "use a finite factor >= 1")
 
 
-def _check_ids(report: dict) -> set[str]:
-    return {str(c.get("nodeid") or f"{c['suite']}::{c.get('name')}") for c in report["checks"]}
+def _check_ids(report: Report) -> set[str]:
+    return {c.nodeid for c in report.checks}
 
 
 def _few(items: list[str]) -> str:

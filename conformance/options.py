@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conformance.depth import DEPTHS
 from conformance.errors import UsageError
 
 
@@ -35,6 +36,21 @@ PROFILE = Option(
     "profile", "tolerance profile name or TOML path (default: implied by the dtypes)", None, "P"
 )
 EXAMPLES = Option("examples", "Hypothesis examples per property (default: 20)", "20", "N")
+DEPTH = Option(
+    "depth",
+    "how far the property search reaches: "
+    + "; ".join(d.describe() for d in DEPTHS.values())
+    + " (default: quick)",
+    "quick",
+    "NAME",
+)
+SHRINK_SECONDS = Option(
+    "shrink-seconds",
+    "seconds Hypothesis may spend shrinking a failure to a minimal case; past them the report "
+    "says the case was not fully shrunk (default: 60)",
+    "60",
+    "S",
+)
 LOGPROBS = Option(
     "logprobs", "which logprobs the engine is asked for: raw or processed (default: raw)", "raw"
 )
@@ -59,6 +75,14 @@ CALL_TIMEOUT = Option(
     "S",
 )
 
+START_TIMEOUT = Option(
+    "start-timeout",
+    "seconds an engine or backend may take to start; past them the run ends incomplete "
+    "(default: 900)",
+    "900",
+    "S",
+)
+
 STACK_OPTIONS = (
     ENGINE,
     BACKEND,
@@ -67,6 +91,8 @@ STACK_OPTIONS = (
     BACKEND_DTYPE,
     PROFILE,
     EXAMPLES,
+    DEPTH,
+    SHRINK_SECONDS,
     LOGPROBS,
     ENGINE_OPTION,
     ENGINE_URL,
@@ -74,6 +100,7 @@ STACK_OPTIONS = (
     BACKEND_ATTN,
     BACKEND_OPTION,
     CALL_TIMEOUT,
+    START_TIMEOUT,
 )
 
 

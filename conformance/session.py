@@ -9,9 +9,8 @@ import json
 import random
 import shlex
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,140 +18,10 @@ from conformance.backends import BACKENDS, Backend
 from conformance.engines import ENGINES, Engine
 from conformance.errors import ConformanceError, EngineCrashed, EngineUnavailable
 from conformance.guard import CallTimedOut, Guarded, deadline
-from conformance.metric_table import EXAMPLE_METRICS
+from conformance.outcome import Outcome
+from conformance.recorder import CheckRecord, Recorder
+from conformance.report.schema import Check, ProfileInfo, Report, Shrink, Stack, Timing
 from conformance.stack import StackSpec, fingerprint
-
-#: token-level points kept per check for the report's plots; the rest stay in results.jsonl
-MAX_SAMPLES = 2000
-
-
-@dataclass
-class CheckRecord:
-    """What one conformance test measured, pooled over its Hypothesis examples."""
-
-    suite: str
-    name: str
-    nodeid: str
-    lp_train: list[list[float]] = field(default_factory=list)
-    lp_infer: list[list[float]] = field(default_factory=list)
-    positions: list[list[int]] = field(default_factory=list)
-    extra: dict[str, float] = field(default_factory=dict)
-    #: what sets this check apart from the stack's own run (e.g. a variant engine's options)
-    context: dict[str, Any] = field(default_factory=dict)
-    worst: tuple[float, dict[str, Any], dict[str, float]] | None = None
-    failing_case: dict[str, Any] | None = None
-    failing_metrics: dict[str, float] | None = None
-    failing_headline: str | None = None
-    examples_run: int = 0
-
-    def pooled(self) -> dict[str, float]:
-        """Mismatch metrics over every token measured so far, plus notes."""
-        from conformance.metrics import mismatch_metrics, stack_ragged
-
-        metrics: dict[str, float] = {}
-        if self.lp_train:
-            train, mask = stack_ragged(self.lp_train)
-            infer, _ = stack_ragged(self.lp_infer)
-            metrics = mismatch_metrics(train, infer, mask)
-        return {**metrics, **self.extra}
-
-
-class Recorder:
-    """What suites call to measure; streams each measurement as it is taken."""
-
-    def __init__(self, session: HarnessSession) -> None:
-        self._session = session
-        self.current: CheckRecord | None = None
-
-    def measure(
-        self,
-        lp_train: Sequence[Sequence[float]],
-        lp_infer: Sequence[Sequence[float]],
-        *,
-        case: dict[str, Any],
-        positions: Sequence[Sequence[int]] | None = None,
-    ) -> dict[str, float]:
-        """Record token-aligned logprob rows of one example; return its mismatch metrics."""
-        record = self._require_check()
-        train_rows, infer_rows = _float_rows(lp_train), _float_rows(lp_infer)
-        metrics = _example_metrics(train_rows, infer_rows)
-        record.examples_run += 1
-        record.lp_train.extend(train_rows)
-        record.lp_infer.extend(infer_rows)
-        record.positions.extend(
-            [list(p) for p in positions] if positions else [list(range(len(r))) for r in lp_train]
-        )
-        severity = metrics["abs_diff_max"]
-        if record.worst is None or severity > record.worst[0]:
-            record.worst = (severity, case, metrics)
-        self._session.log(
-            event="measurement",
-            suite=record.suite,
-            nodeid=record.nodeid,
-            case=case,
-            metrics=metrics,
-        )
-        return metrics
-
-    def note(self, **values: float) -> None:
-        """Record extra per-check numbers (e.g. a simulated floor) next to the metrics."""
-        record = self._require_check()
-        record.extra.update(values)
-        self._session.log(event="note", nodeid=record.nodeid, values=values)
-
-    def describe(self, **context: Any) -> None:
-        """Record what sets the current check apart (kept in its report entry as ``context``)."""
-        self._require_check().context.update(context)
-
-    def violations(
-        self, lp_train: Sequence[Sequence[float]], lp_infer: Sequence[Sequence[float]]
-    ) -> list[Any]:
-        """The per-token/per-sequence bounds one example breaks, measured but not recorded (to
-        replay a failing case on other engines)."""
-        return self._per_example(_example_metrics(_float_rows(lp_train), _float_rows(lp_infer)))
-
-    def _per_example(self, metrics: dict[str, float]) -> list[Any]:
-        per_example = {k: v for k, v in metrics.items() if k in EXAMPLE_METRICS}
-        return self._session.profile.check(per_example)
-
-    def check_profile(self, metrics: dict[str, float], case: dict[str, Any]) -> None:
-        """Assert the profile's per-token/per-sequence bounds on one example; the failure names
-        metric, value, threshold, case and replay command."""
-        violations = self._per_example(metrics)
-        if violations:
-            self.fail(
-                f"{_describe(violations)} (profile {self._session.profile.name})", case, metrics
-            )
-
-    def check_pooled(self) -> None:
-        """Assert the profile's population metrics over every token the test measured."""
-        record = self._require_check()
-        pooled = record.pooled()
-        violations = self._session.profile.check(
-            {k: v for k, v in pooled.items() if k not in EXAMPLE_METRICS}
-        )
-        if violations and record.worst is not None:
-            self.fail(
-                f"{_describe(violations)} over all {record.examples_run} examples pooled "
-                f"(profile {self._session.profile.name}); worst example below",
-                record.worst[1],
-                record.worst[2],
-            )
-
-    def fail(self, headline: str, case: dict[str, Any], metrics: dict[str, float]) -> None:
-        """Fail the current example with a message that carries its minimal reproducer."""
-        record = self._require_check()
-        record.failing_case, record.failing_metrics = case, metrics
-        record.failing_headline = headline
-        replay = self._session.replay_command(record.nodeid)
-        raise AssertionError(
-            f"{record.suite}: {headline}\n  case: {json.dumps(case)}\n  replay: {replay}"
-        )
-
-    def _require_check(self) -> CheckRecord:
-        if self.current is None:
-            raise RuntimeError("the recorder is only usable inside a conformance test")
-        return self.current
 
 
 class HarnessSession:
@@ -168,10 +37,12 @@ class HarnessSession:
         self.report_dir = report_dir
         self.command = command
         self.profile = load_profile(spec.profile)
-        self.recorder = Recorder(self)
-        self.checks: list[dict[str, Any]] = []
+        self.recorder = Recorder(self.profile, log=self.log, replay=self.replay_command)
+        self.checks: list[Check] = []
         self.crash: str | None = None
-        self.final_report: dict[str, Any] | None = None
+        #: why the run was cut short (a signal, Ctrl-C), if it was
+        self.interrupted: str | None = None
+        self.final_report: Report | None = None
         #: the RL smoke run's summary, with ``curves_path`` relative to the report folder
         self.rl: dict[str, Any] | None = None
         #: engines and backends started so far, by their option changes (``()``: the stack's own)
@@ -231,6 +102,16 @@ class HarnessSession:
     def backend(self) -> Backend:
         return self.backend_variant()
 
+    @contextmanager
+    def backend_for(self, model: Path) -> Iterator[Backend]:
+        """A backend like the stack's on another model folder, closed when the block ends."""
+        config = self.spec.backend_config(model)
+        backend = self._start("backend", self.spec.backend, BACKENDS, config, (("model", model),))
+        try:
+            yield backend
+        finally:
+            backend.close()
+
     def _start(self, kind: str, name: str, registry: Any, config: Any, key: tuple) -> Guarded:
         """Build a component within the call deadline; a failure to start ends the run.
 
@@ -241,7 +122,7 @@ class HarnessSession:
         component_cls = registry.get(name)
         started = time.perf_counter()
         try:
-            with deadline(self.spec.call_timeout, f"starting {kind} {name!r}"):
+            with deadline(self.spec.start_timeout, f"starting {kind} {name!r}"):
                 inner = component_cls(config)
         except ConformanceError as exc:
             # the component names what is wrong and the fix; without it nothing can be measured
@@ -297,35 +178,48 @@ class HarnessSession:
 
     @contextmanager
     def check(self, suite: str, name: str, nodeid: str) -> Iterator[CheckRecord]:
-        record = CheckRecord(suite=suite, name=name, nodeid=nodeid)
+        record = CheckRecord(suite=suite, name=name, nodeid=nodeid, started=time.perf_counter())
         self.recorder.current = record
         try:
             yield record
         finally:
             self.recorder.current = None
 
-    def finish_check(self, record: CheckRecord, status: str, message: str) -> dict[str, Any]:
+    def finish_check(
+        self, record: CheckRecord, outcome: Outcome, exc: BaseException | None
+    ) -> Check:
+        """Turn a finished check into its report entry. A failed check records the case of the
+        failure it names (Hypothesis's final, shrunk example), else its worst example."""
         metrics = record.pooled()
-        case = record.failing_case or (record.worst[1] if record.worst else None)
-        entry = {
-            "suite": record.suite,
-            "name": record.name,
-            "nodeid": record.nodeid,
-            "status": status,
-            "message": message,
-            "metrics": metrics,
-            "thresholds": {k: v for k, v in self.profile.thresholds.items() if k in metrics},
-            "violations": [v.__dict__ for v in self.profile.check(metrics)] if metrics else [],
-            "worst_case": {**case, "replay": self.replay_command(record.nodeid)} if case else None,
-            "worst_case_metrics": record.failing_metrics
-            or (record.worst[2] if record.worst else None),
-            "samples": _samples(record),
-            "examples_run": record.examples_run,
-            "context": record.context,
-        }
-        self.checks.append(entry)
-        self.log(event="check", **{k: v for k, v in entry.items() if k != "samples"})
-        return entry
+        failure = record.failure_for(exc) if outcome.status != "pass" else None
+        case, case_metrics = (
+            (failure.case, failure.metrics)
+            if failure is not None and failure.case is not None
+            else (record.worst[1], record.worst[2])
+            if record.worst
+            else (None, None)
+        )
+        shrink = record.shrink(self.spec.shrink_seconds)
+        check = Check(
+            suite=record.suite,
+            name=record.name,
+            nodeid=record.nodeid,
+            status=outcome.status,
+            message=outcome.message,
+            metrics=metrics,
+            thresholds={k: v for k, v in self.profile.thresholds.items() if k in metrics},
+            violations=self.profile.check(metrics) if metrics else [],
+            worst_case={**case, "replay": self.replay_command(record.nodeid)} if case else None,
+            worst_case_metrics=case_metrics,
+            shrink=Shrink(**shrink) if shrink else None,
+            samples=record.samples(),
+            examples_run=record.examples_run,
+            seconds=round(time.perf_counter() - record.started, 3),
+            context=record.context,
+        )
+        self.checks.append(check)
+        self.log(event="check", **{k: v for k, v in check.to_json().items() if k != "samples"})
+        return check
 
     def replay_command(self, nodeid: str) -> str:
         args = ["pytest", nodeid, *self.spec.pytest_args(), f"--hypothesis-seed={self.seed}"]
@@ -333,97 +227,66 @@ class HarnessSession:
 
     # -- the summary ---------------------------------------------------------------------
     def verdict(self) -> tuple[str, str | None]:
-        statuses = [c["status"] for c in self.checks]
-        if self.crash is not None:
-            measured = sum(1 for c in self.checks if c["metrics"])
-            return "incomplete", f"{self.crash} ({measured} checks measured)"
-        if "error" in statuses:
-            errored = [c["nodeid"] for c in self.checks if c["status"] == "error"]
-            return "incomplete", f"{len(errored)} check(s) errored: {', '.join(errored)}"
+        """``fail`` when any property was violated — even if the run was then cut short, since
+        the stack is known to be broken; else ``incomplete`` when the run could not finish
+        (the stack crashed or hung, a check errored, the run was interrupted); else ``pass``."""
+        statuses = [c.status for c in self.checks]
+        unfinished = self.crash or self.interrupted
         if "fail" in statuses:
-            return "fail", None
+            return "fail", f"and the run did not finish: {unfinished}" if unfinished else None
+        if unfinished:
+            measured = sum(1 for c in self.checks if c.metrics)
+            return "incomplete", f"{unfinished} ({measured} checks measured)"
+        if "error" in statuses:
+            errored = [c for c in self.checks if c.status == "error"]
+            return "incomplete", f"{len(errored)} check(s) errored: " + "; ".join(
+                f"{c.nodeid}: {c.message}" for c in errored[:3]
+            )
         if "pass" not in statuses:
             return "incomplete", "no check ran"
         return "pass", None
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> Report:
         verdict, reason = self.verdict()
         engine_info, backend_info = self._infos.get("engine", {}), self._infos.get("backend", {})
-        return {
-            "schema": 1,
-            "verdict": verdict,
-            "reason": reason,
-            "created": self._started.isoformat(timespec="seconds"),
-            "command": self.command,
-            "seed": self.seed,
-            "examples": self.spec.examples,
-            "stack": fingerprint(self.spec, self.model_info, engine_info, backend_info),
-            "profile": {
-                "name": self.profile.name,
-                "source": str(self.profile.source),
-                "thresholds": self.profile.thresholds,
-            },
-            "checks": self.checks,
-            "timing": self._timing(),
-            "rl": self.rl,
-        }
+        return Report(
+            verdict=verdict,
+            reason=reason,
+            created=self._started.isoformat(timespec="seconds"),
+            command=self.command,
+            seed=self.seed,
+            examples=self.spec.examples,
+            depth=self.spec.depth.name,
+            stack=Stack(fingerprint(self.spec, self.model_info, engine_info, backend_info)),
+            profile=ProfileInfo(
+                name=self.profile.name,
+                source=str(self.profile.source),
+                thresholds=self.profile.thresholds,
+            ),
+            checks=self.checks,
+            timing=self._timing(),
+            rl=self.rl,
+        )
 
-    def _timing(self) -> dict[str, float]:
+    def _timing(self) -> Timing:
         """Wall time of the run, the seconds the engines and backends spent starting and
         computing, and the harness's overhead: the rest of the wall time, per second of that."""
         compute = sum(self.timing.values())
         wall = time.perf_counter() - self._clock
-        return {
-            "wall_s": round(wall, 3),
+        return Timing(
+            wall_s=round(wall, 3),
             **{k: round(v, 3) for k, v in self.timing.items()},
-            "harness_overhead": round((wall - compute) / compute, 4) if compute else 0.0,
-        }
+            harness_overhead=round((wall - compute) / compute, 4) if compute else 0.0,
+        )
 
-    def write_report(self) -> dict[str, Any]:
+    def write_report(self) -> Report:
         report = self.report()
-        self.log(event="session_end", verdict=report["verdict"], reason=report["reason"])
+        self.log(event="session_end", verdict=report.verdict, reason=report.reason)
         if self.report_dir is not None:
             path = self.report_dir / "report.json"
-            path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+            path.write_text(json.dumps(report.to_json(), indent=1, default=str) + "\n")
         return report
-
-
-def _describe(violations: Sequence[Any]) -> str:
-    return "; ".join(str(v) for v in violations)
-
-
-def _example_metrics(lp_train: list[list[float]], lp_infer: list[list[float]]) -> dict[str, float]:
-    """Mismatch metrics of token-aligned rows (ragged: one row per sequence)."""
-    from conformance.metrics import mismatch_metrics, stack_ragged
-
-    train, mask = stack_ragged(lp_train)
-    infer, _ = stack_ragged(lp_infer)
-    return mismatch_metrics(train, infer, mask)
-
-
-def _float_rows(rows: Sequence[Any]) -> list[list[float]]:
-    return [row.tolist() if hasattr(row, "tolist") else [float(v) for v in row] for row in rows]
 
 
 def new_seed() -> int:
     return random.SystemRandom().randrange(2**32)
-
-
-def _samples(record: CheckRecord) -> dict[str, list[float]] | None:
-    """Evenly down-sample the pooled token points to at most MAX_SAMPLES, deterministically."""
-    points = [
-        (t, i, p)
-        for train, infer, pos in zip(
-            record.lp_train, record.lp_infer, record.positions, strict=True
-        )
-        for t, i, p in zip(train, infer, pos, strict=True)
-    ]
-    if not points:
-        return None
-    stride = max(1, -(-len(points) // MAX_SAMPLES))
-    kept = points[::stride]
-    return {
-        "lp_train": [p[0] for p in kept],
-        "lp_infer": [p[1] for p in kept],
-        "position": [p[2] for p in kept],
-    }

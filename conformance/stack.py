@@ -15,6 +15,7 @@ from typing import Any
 
 from conformance import __version__
 from conformance.backends import BackendConfig
+from conformance.depth import Depth, depth
 from conformance.dtypes import canonical_dtype, implied_profile
 from conformance.engines import EngineConfig, LogprobKind
 from conformance.errors import UsageError
@@ -52,6 +53,9 @@ class StackSpec:
     backend_dtype: str = "float32"
     profile: str = "fp32"
     examples: int = 20
+    depth: Depth = field(default_factory=lambda: depth("quick"))
+    #: seconds Hypothesis may spend shrinking a failure
+    shrink_seconds: float = 60.0
     logprobs: LogprobKind = LogprobKind.RAW
     engine_options: dict[str, str] = field(default_factory=dict)
     backend_micro_batch: int = 8
@@ -59,6 +63,8 @@ class StackSpec:
     backend_options: dict[str, str] = field(default_factory=dict)
     #: seconds one engine or backend call may take before the run ends incomplete (hung)
     call_timeout: float = 600.0
+    #: seconds an engine or backend may take to start
+    start_timeout: float = 900.0
 
     @classmethod
     def from_options(cls, values: dict[str, Any]) -> StackSpec:
@@ -82,13 +88,29 @@ class StackSpec:
             backend_dtype=backend_dtype,
             profile=values["profile"] or implied_profile(engine_dtype, backend_dtype),
             examples=_positive_int("examples", values["examples"]),
+            depth=depth(values["depth"]),
+            shrink_seconds=_positive_number("shrink-seconds", values["shrink-seconds"]),
             logprobs=logprobs,
             engine_options=options,
             backend_micro_batch=_positive_int("backend-micro-batch", values["backend-micro-batch"]),
             backend_attn=values["backend-attn"],
             backend_options=parse_key_values(values["backend-option"], what="backend option"),
             call_timeout=_positive_number("call-timeout", values["call-timeout"]),
+            start_timeout=_positive_number("start-timeout", values["start-timeout"]),
         )
+
+    def preflight(self) -> None:
+        """Fail fast, before anything starts, on what the user can fix: the profile, the engine
+        and backend (installed, options they take), the model folder."""
+        from conformance.backends import BACKENDS
+        from conformance.engines import ENGINES
+        from conformance.models import inspect_model
+        from conformance.profiles import load_profile
+
+        load_profile(self.profile)
+        ENGINES.get(self.engine).check_options(self.engine_options)
+        BACKENDS.get(self.backend).check_options(self.backend_options)
+        inspect_model(self.model_dir())
 
     def model_dir(self) -> Path:
         if self.model is not None:
@@ -122,6 +144,10 @@ class StackSpec:
             args += ["--tim-model", str(self.model)]
         args += ["--tim-engine-dtype", self.engine_dtype, "--tim-backend-dtype", self.backend_dtype]
         args += ["--tim-profile", self.profile, "--tim-examples", str(self.examples)]
+        if self.depth.name != "quick":
+            args += ["--tim-depth", self.depth.name]
+        if self.shrink_seconds != StackSpec.shrink_seconds:
+            args += ["--tim-shrink-seconds", f"{self.shrink_seconds:g}"]
         if self.logprobs is not LogprobKind.RAW:
             args += ["--tim-logprobs", self.logprobs.value]
         for key, value in sorted(self.engine_options.items()):
@@ -134,6 +160,8 @@ class StackSpec:
             args += ["--tim-backend-option", f"{key}={value}"]
         if self.call_timeout != StackSpec.call_timeout:
             args += ["--tim-call-timeout", f"{self.call_timeout:g}"]
+        if self.start_timeout != StackSpec.start_timeout:
+            args += ["--tim-start-timeout", f"{self.start_timeout:g}"]
         return args
 
 
@@ -172,7 +200,11 @@ def package_versions() -> dict[str, str | None]:
 
 
 def device_info() -> dict[str, Any]:
-    import torch
+    try:
+        import torch
+    except Exception as exc:
+        # a start cut short mid-import leaves torch half-loaded: the report must still be written
+        return {"kind": "unknown", "error": f"{type(exc).__name__}: {exc}"[:200]}
 
     if torch.cuda.is_available():
         return {

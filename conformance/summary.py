@@ -3,45 +3,49 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from conformance.metric_table import HEADLINE_METRICS
+from conformance.report.page import VERDICTS
+from conformance.report.schema import Report
 
-_VERDICT_WORDS = {"pass": "CERTIFIED", "fail": "NOT CERTIFIED", "incomplete": "INCOMPLETE"}
 
-
-def verdict_lines(report: dict[str, Any], report_dir: Path | None) -> list[str]:
+def verdict_lines(report: Report, report_dir: Path | None) -> list[str]:
     """One row per check (status, headline metrics), then the verdict line."""
     rows = [("suite", "check", "status", *HEADLINE_METRICS)]
-    skipped = [c for c in report["checks"] if c["status"] == "skip"]
-    for check in report["checks"]:
-        if check["status"] == "skip":
+    skipped = [c for c in report.checks if c.status == "skip"]
+    for check in report.checks:
+        if check.status == "skip":
             continue
-        metrics = check["metrics"]
+        metrics = check.metrics
         rows.append(
             (
-                check["suite"],
-                check["name"],
-                check["status"].upper(),
+                check.suite,
+                check.name,
+                check.status.upper(),
                 *(f"{metrics[m]:.3g}" if m in metrics else "-" for m in HEADLINE_METRICS),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
     if skipped:
-        reasons = sorted({c["message"] for c in skipped})
+        reasons = sorted({c.message for c in skipped})
         lines.append(f"skipped {len(skipped)}: {'; '.join(reasons[:3])}")
-    for check in report["checks"]:
-        if check["status"] in ("fail", "error"):
-            lines.append(f"{check['status'].upper()} {check['nodeid']}: {check['message']}")
-    stack = report["stack"]
-    verdict = f"verdict: {_VERDICT_WORDS[report['verdict']]}"
-    if report["reason"]:
-        verdict += f" — {report['reason']}"
+    for check in report.checks:
+        if check.status in ("fail", "error", "interrupted"):
+            lines.append(f"{check.status.upper()} {check.nodeid}: {check.message}")
+            if check.shrink is not None and check.shrink.cut_short:
+                lines.append(
+                    f"  shrinking cut short after {check.shrink.seconds:.0f} s: the recorded "
+                    "case may not be minimal (--shrink-seconds)"
+                )
+    stack = report.stack
+    verdict = f"verdict: {VERDICTS[report.verdict][1]}"
+    if report.reason:
+        verdict += f" — {report.reason}"
     lines += [
         verdict,
         f"stack: {stack['engine']} ({stack['engine_dtype']}) vs {stack['backend']} "
-        f"({stack['backend_dtype']}), profile {report['profile']['name']}, seed {report['seed']}, "
+        f"({stack['backend_dtype']}), profile {report.profile.name}, seed {report.seed}, "
         f"fingerprint {stack['fingerprint'][:16]}",
     ]
     if report_dir is not None:

@@ -17,13 +17,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.engines import SamplingSpec
 from conformance.knobs import MAX_VARIANTS, cover, smallest_failing, with_requirements
+from conformance.outcome import ProfileViolation, first_line
 from conformance.strategies import sampling_specs
-from conformance.suite_support import case, generated_rows, prompt_batches
+from conformance.suite_support import generated_rows, new_tokens, prompt_batches
 
 
-def compare(reference: Any, variant: Any, prompts: list[list[int]], spec: SamplingSpec | None):
+def compare(reference: Any, variant: Any, prompts: list[list[int]], spec: Any) -> list[tuple]:
     """(lp_train, lp_infer, positions) of the variant against the session's engine: the
     variant's scores of ``prompts`` (no ``spec``), or its rollouts, twice, rescored."""
     if spec is None:
@@ -40,7 +40,7 @@ def compare(reference: Any, variant: Any, prompts: list[list[int]], spec: Sampli
 
 
 @pytest.mark.parametrize("index", range(MAX_VARIANTS), ids=lambda index: f"variant{index}")
-def test_knobs_keep_logprobs(index, tim, engine, model, recorder):
+def test_knobs_keep_logprobs(index, tim, engine, model, depth, recorder):
     variants = cover(engine.knobs())
     if not variants:
         pytest.skip(f"engine {engine.name!r} declares no knobs")
@@ -49,41 +49,36 @@ def test_knobs_keep_logprobs(index, tim, engine, model, recorder):
     knobs = variants[index]
     recorder.describe(knobs=knobs)
     variant = tim.engine_variant(**knobs)
+    #: the example that ran last: Hypothesis's shrunk one, once it has found a failure
+    last: dict[str, Any] = {}
 
     def check(prompts, shape, spec):
-        example = case(prompts, shape, spec, knobs=knobs)
+        last.update(prompts=prompts, shape=shape, spec=spec)
+        recorder.case(prompts, shape, spec, knobs=knobs)
         for lp_train, lp_infer, positions in compare(engine, variant, prompts, spec):
-            metrics = recorder.measure(lp_train, lp_infer, case=example, positions=positions)
-            recorder.check_profile(metrics, example)
+            recorder.check_profile(recorder.measure(lp_train, lp_infer, positions=positions))
 
     @given(data=st.data())
     def knobs_keep_logprobs(data):
-        shape, sequences = data.draw(prompt_batches(model, min_len=2), label="batch")
+        shape, sequences = data.draw(prompt_batches(model, depth, min_len=2), label="batch")
         check(sequences, shape, None)
-        spec = data.draw(sampling_specs(), label="sampling")
+        spec = data.draw(sampling_specs(max_new_tokens=new_tokens(depth)), label="sampling")
         shape, prompts = data.draw(
-            prompt_batches(model, max_new_tokens=spec.max_new_tokens), "batch"
+            prompt_batches(model, depth, max_new_tokens=spec.max_new_tokens), label="batch"
         )
         check(prompts, shape, spec)
 
     try:
-        knobs_keep_logprobs()
-    except AssertionError:
-        failed = recorder.current
-        minimal = failed.failing_case
-        if minimal is None:
-            raise
-        spec = SamplingSpec(**minimal["sampling"]) if minimal["sampling"] else None
+        recorder.run(knobs_keep_logprobs)
+    except ProfileViolation as violation:
 
         def fails(part):
             started = tim.engine_variant(**with_requirements(part, engine.knobs()))
-            rows = compare(engine, started, minimal["prompt_ids"], spec)
-            return any(recorder.violations(train, infer) for train, infer, _ in rows)
+            rows = compare(engine, started, last["prompts"], last["spec"])
+            return any(recorder.violations(t, i, per_example=True) for t, i, _ in rows)
 
         culprit = smallest_failing(knobs, fails)
+        recorder.case(last["prompts"], last["shape"], last["spec"], knobs=culprit)
         named = ", ".join(f"{k}={v}" for k, v in culprit.items())
-        recorder.fail(
-            f"{named} changes logprobs: {failed.failing_headline} (variant {knobs})",
-            {**minimal, "knobs": culprit},
-            failed.failing_metrics,
-        )
+        found = first_line(violation).partition(": ")[2]
+        recorder.fail(f"{named} changes logprobs: {found} (variant {knobs})")

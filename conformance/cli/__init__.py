@@ -2,6 +2,9 @@
 
 Each subcommand module defines ``add_parser(subparsers)`` (which registers its parser and sets
 ``func``) and a ``run(args) -> int``. Known errors become one line and exit code 2.
+
+Only the module of the subcommand being run is imported, so ``gate`` and ``report`` start
+without torch; ``--help`` and a mistyped subcommand import them all, to list them.
 """
 
 from __future__ import annotations
@@ -14,15 +17,9 @@ from collections.abc import Sequence
 from conformance import __version__
 from conformance.errors import ConformanceError
 
-#: subcommand modules, in the order ``--help`` lists them
-SUBCOMMANDS = (
-    "conformance.cli.certify",
-    "conformance.cli.make_model",
-    "conformance.cli.floor",
-    "conformance.cli.report",
-    "conformance.cli.gate",
-    "conformance.cli.rl_smoke",
-)
+#: subcommands, in the order ``--help`` lists them; ``make-model`` lives in
+#: ``conformance.cli.make_model``
+SUBCOMMANDS = ("certify", "make-model", "floor", "report", "gate", "rl-smoke")
 
 EPILOG = """examples:
   tim-conformance certify                                   # hf-generate vs hf, embedded model
@@ -32,7 +29,8 @@ EPILOG = """examples:
 """
 
 
-def make_parser() -> argparse.ArgumentParser:
+def make_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``command`` (one of ``SUBCOMMANDS``) only that subcommand's."""
     parser = argparse.ArgumentParser(
         prog="tim-conformance",
         description="Numerical conformance harness for training–inference mismatch in LLM RL.",
@@ -41,13 +39,17 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module_name in SUBCOMMANDS:
-        importlib.import_module(module_name).add_parser(subparsers)
+    for name in SUBCOMMANDS if command is None else (command,):
+        module = importlib.import_module(f"conformance.cli.{name.replace('-', '_')}")
+        module.add_parser(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # the only top-level options, --help and --version, exit: a subcommand can only come first
+    command = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    args = make_parser(command).parse_args(argv)
     try:
         return args.func(args)
     except ConformanceError as exc:

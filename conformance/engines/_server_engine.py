@@ -77,9 +77,14 @@ class ServerEngine(Engine):
             raise
 
     # -- what a subclass says about its server ------------------------------------------------
+    @classmethod
     @abstractmethod
-    def parse_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+    def parse_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
         """Typed options, ``url`` among them when given; a bad one is a ``UsageError``."""
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, str]) -> None:
+        cls.parse_options(options)
 
     def start_options(self, options: dict[str, Any]) -> dict[str, Any]:
         """The options a started server runs with (defaults filled in, installation checked)."""

@@ -35,8 +35,9 @@ class SGLangServerEngine(ServerEngine):
     _env: Mapping[str, str] = {}
     _standin: str | None = None
 
-    def parse_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
-        return common.parse_options(self.name, options, extra={"url": str})
+    @classmethod
+    def parse_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        return common.parse_options(cls.name, options, extra={"url": str})
 
     def start_options(self, options: dict[str, Any]) -> dict[str, Any]:
         if common.sglang_version() is None:

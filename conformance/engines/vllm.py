@@ -25,6 +25,10 @@ class VLLMEngine(Engine):
     name = "vllm"
     KNOBS = common.KNOBS
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, str]) -> None:
+        common.parse_options(cls.name, options, extra={})
+
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
         self.options = common.parse_options(self.name, config.options, extra={})

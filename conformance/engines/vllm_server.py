@@ -37,8 +37,9 @@ class VLLMServerEngine(ServerEngine):
     describe_path = "/v1/models"
     known_start_failures = common.KNOWN_IMPORT_FAILURES
 
-    def parse_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
-        return common.parse_options(self.name, options, extra={"url": str})
+    @classmethod
+    def parse_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        return common.parse_options(cls.name, options, extra={"url": str})
 
     def start_options(self, options: dict[str, Any]) -> dict[str, Any]:
         if common.vllm_version() is None:

@@ -14,23 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from conformance.errors import ProfileError
-from conformance.metric_table import METRIC_NAMES, Bound, metric
+from conformance.metric_table import METRIC_NAMES, metric
+from conformance.report.schema import Violation
 
 _HERE = Path(__file__).parent
 _META_KEYS = frozenset({"description"})
-
-
-@dataclass
-class Violation:
-    """One metric on the wrong side of its threshold."""
-
-    metric: str
-    value: float
-    threshold: float
-    bound: Bound
-
-    def __str__(self) -> str:
-        return f"{self.metric} = {metric(self.metric).relation(self.value, self.threshold)}"
 
 
 @dataclass(frozen=True)
@@ -48,7 +36,9 @@ class Profile:
                 continue
             fact, value = metric(name), float(metrics[name])
             if fact.violates(value, threshold):
-                violations.append(Violation(name, value, threshold, fact.bound))
+                violations.append(
+                    Violation(metric=name, value=value, threshold=threshold, bound=fact.bound)
+                )
         return violations
 
 

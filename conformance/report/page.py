@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from conformance.metric_table import BY_NAME, worst_metrics
 from conformance.report import plots
 from conformance.report.html import Markup, as_text, code_block, esc, join, page, table, tag
-from conformance.report.schema import suites, validate_report
+from conformance.report.schema import Check, Report, as_report
 from conformance.report.stats import pool_samples
 
 #: failing checks shown in full per suite; the rest are listed in one line each
@@ -20,34 +22,47 @@ MAX_LISTED_CHECKS = 200
 MAX_PLOTTED_TOKENS = 20_000
 #: prompt ids shown per sequence of a reproducer (the replay command carries the full case)
 MAX_PROMPT_IDS = 256
+#: prompts shown of a reproducer's batch
+MAX_PROMPTS = 16
 
 VERDICTS = {
     "pass": ("ok", "CERTIFIED"),
     "fail": ("bad", "NOT CERTIFIED"),
     "incomplete": ("warn", "INCOMPLETE"),
 }
-STATUS_MARK = {"pass": "✔ pass", "fail": "✘ fail", "error": "✘ error", "skip": "– skip"}
+STATUS_MARK = {
+    "pass": "✔ pass",
+    "fail": "✘ fail",
+    "error": "✘ error",
+    "interrupted": "✘ interrupted",
+    "skip": "– skip",
+}
+#: check statuses that stop a stack from being certified
+_BAD = ("fail", "error", "interrupted")
 
 
-def render_html(report: dict, *, rl_curves: list[dict] | None = None) -> str:
+def render_html(report: Report | Mapping[str, Any], *, rl_curves: list[dict] | None = None) -> str:
     """The report page as a string (see ``write_html``)."""
-    validate_report(report)
-    grouped = suites(report)
+    report = as_report(report)
+    grouped = report.suites()
     body = [verdict_banner(report), run_table(report), suite_overview(grouped)]
     body += [suite_section(name, checks) for name, checks in grouped.items()]
-    if report.get("rl") or rl_curves:
-        body.append(rl_section(report.get("rl") or {}, rl_curves or []))
-    body.append(tag("footer", f"tim-conformance report · {report.get('created', '')}"))
+    if report.rl or rl_curves:
+        body.append(rl_section(report.rl or {}, rl_curves or []))
+    body.append(tag("footer", f"tim-conformance report · {report.created}"))
     return page("tim-conformance report", tag("main", join(body)))
 
 
-def write_html(report: dict, out: Path, *, rl_curves: list[dict] | None = None) -> Path:
+def write_html(
+    report: Report | Mapping[str, Any], out: Path, *, rl_curves: list[dict] | None = None
+) -> Path:
     """Write the report page to ``out`` and return it.
 
-    When ``rl_curves`` is None and ``report["rl"]["curves_path"]`` names a file next to ``out``
+    When ``rl_curves`` is None and the report's ``rl.curves_path`` names a file next to ``out``
     (as certify lays them out), the curves are read from there.
     """
     out = Path(out)
+    report = as_report(report)
     if rl_curves is None:
         rl_curves = load_rl_curves(out.parent, report)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -55,10 +70,10 @@ def write_html(report: dict, out: Path, *, rl_curves: list[dict] | None = None) 
     return out
 
 
-def load_rl_curves(report_dir: Path, report: dict) -> list[dict] | None:
+def load_rl_curves(report_dir: Path, report: Report) -> list[dict] | None:
     """The RL smoke run's per-step rows (``rl.jsonl``) when report.json points at them."""
-    rl = report.get("rl")
-    if not isinstance(rl, dict) or not rl.get("curves_path"):
+    rl = report.rl
+    if not rl or not rl.get("curves_path"):
         return None
     path = Path(report_dir) / str(rl["curves_path"])
     if not path.is_file():
@@ -74,19 +89,18 @@ def load_rl_curves(report_dir: Path, report: dict) -> list[dict] | None:
     return rows
 
 
-def verdict_banner(report: dict) -> Markup:
-    verdict = str(report.get("verdict"))
-    cls, word = VERDICTS.get(verdict, ("warn", verdict.upper()))
-    statuses = Counter(c.get("status") for c in report["checks"])
-    failed = statuses["fail"] + statuses["error"]
-    detail = f"{statuses['pass']} of {len(report['checks'])} checks passed"
+def verdict_banner(report: Report) -> Markup:
+    cls, word = VERDICTS[report.verdict]
+    statuses = Counter(c.status for c in report.checks)
+    failed = sum(statuses[s] for s in _BAD)
+    detail = f"{statuses['pass']} of {len(report.checks)} checks passed"
     if failed:
         detail += f", {failed} failed"
     if statuses["skip"]:
         detail += f", {statuses['skip']} skipped"
-    if report.get("reason"):
-        detail += f" — {report['reason']}"
-    profile = (report.get("profile") or {}).get("name", "?")
+    if report.reason:
+        detail += f" — {report.reason}"
+    profile = report.profile.name
     return tag(
         "header",
         join(
@@ -100,27 +114,28 @@ def verdict_banner(report: dict) -> Markup:
     )
 
 
-def run_table(report: dict) -> Markup:
+def run_table(report: Report) -> Markup:
     """Fingerprint, stack, profile, seed and the command that replays the run."""
-    stack = report["stack"]
-    model = stack.get("model") or {}
-    profile = report.get("profile") or {}
+    # the stack's required fields are validated; the rest is what the engine and backend
+    # chose to report, shown when there
+    stack, profile = report.stack, report.profile
+    model = stack["model"]
     rows: list[tuple[str, object]] = [
-        ("fingerprint", tag("code", stack.get("fingerprint", "—"))),
-        ("engine", f"{stack.get('engine', '—')} ({stack.get('engine_dtype', '—')})"),
-        ("backend", f"{stack.get('backend', '—')} ({stack.get('backend_dtype', '—')})"),
+        ("fingerprint", tag("code", stack["fingerprint"])),
+        ("engine", f"{stack['engine']} ({stack['engine_dtype']})"),
+        ("backend", f"{stack['backend']} ({stack['backend_dtype']})"),
         (
             "model",
             f"{model.get('path', '—')}  "
             f"[{model.get('arch', '?')}, vocab {model.get('vocab_size', '?')}]",
         ),
-        ("model sha256", tag("code", model.get("sha256", "—"))),
+        ("model sha256", tag("code", stack.model_sha256)),
         ("versions", _pairs(stack.get("versions"))),
         ("device", _pairs(stack.get("device"))),
         ("environment", _pairs(stack.get("env")) or "—"),
-        ("profile", f"{profile.get('name', '—')}  {profile.get('source') or ''}"),
-        ("thresholds", _pairs(profile.get("thresholds"))),
-        ("seed · examples", f"{report.get('seed', '—')} · {report.get('examples', '—')}"),
+        ("profile", f"{profile.name}  {profile.source or ''}"),
+        ("thresholds", _pairs(profile.thresholds)),
+        ("seed · examples", f"{report.seed} · {report.examples}"),
     ]
     for key in ("engine_info", "backend_info"):
         if stack.get(key):
@@ -129,16 +144,24 @@ def run_table(report: dict) -> Markup:
         [
             tag("section", table(["", ""], rows, cls="kv"), cls="run"),
             tag("h3", "Reproduce"),
-            code_block(str(report.get("command") or "—")),
+            code_block(report.command or "—"),
         ]
     )
 
 
-def suite_overview(grouped: dict[str, list[dict]]) -> Markup:
+def suite_status(counts: Counter) -> str:
+    """A suite fails if any check did; it passed only if a check passed (and none failed);
+    a suite whose checks were all skipped shows as skipped."""
+    if any(counts[s] for s in _BAD):
+        return "fail"
+    return "pass" if counts["pass"] else "skip"
+
+
+def suite_overview(grouped: dict[str, list[Check]]) -> Markup:
     rows = []
     for name, checks in grouped.items():
-        counts = Counter(c.get("status") for c in checks)
-        mark = _mark("fail" if counts["fail"] or counts["error"] else "pass")
+        counts = Counter(c.status for c in checks)
+        mark = _mark(suite_status(counts))
         link = Markup(f'<a href="#suite-{esc(_anchor(name))}">{esc(name)}</a>')
         rows.append(
             [
@@ -159,9 +182,9 @@ def suite_overview(grouped: dict[str, list[dict]]) -> Markup:
     )
 
 
-def suite_section(name: str, checks: list[dict]) -> Markup:
+def suite_section(name: str, checks: list[Check]) -> Markup:
     parts: list[object] = [tag("h2", name), metric_table(checks)]
-    failing = [c for c in checks if c.get("status") in ("fail", "error")]
+    failing = [c for c in checks if c.status in _BAD]
     if failing:
         parts.append(tag("h3", f"Failing cases ({len(failing)})"))
         parts += [failing_case(c) for c in failing[:MAX_DETAILED_FAILURES]]
@@ -172,12 +195,12 @@ def suite_section(name: str, checks: list[dict]) -> Markup:
                     failing[MAX_DETAILED_FAILURES:],
                 )
             )
-    others = [c for c in checks if c.get("status") not in ("fail", "error")]
+    others = [c for c in checks if c.status not in _BAD]
     if others:
         parts.append(_listing(f"{len(others)} passing or skipped checks", others))
     # failing checks first, so a capped pool keeps the samples that explain the failure
-    sampled = [c for c in failing + others if isinstance(c.get("samples"), dict)]
-    samples = pool_samples([c["samples"] for c in sampled], MAX_PLOTTED_TOKENS)
+    sampled = [c.samples for c in failing + others if c.samples is not None]
+    samples = pool_samples(sampled, MAX_PLOTTED_TOKENS)
     if len(samples):
         parts.append(tag("div", join(plots.token_plots(samples)), cls="charts"))
         parts.append(
@@ -191,22 +214,20 @@ def suite_section(name: str, checks: list[dict]) -> Markup:
     return tag("section", join(parts), cls="suite", id=f"suite-{_anchor(name)}")
 
 
-def metric_table(checks: list[dict]) -> Markup:
+def metric_table(checks: list[Check]) -> Markup:
     """Per metric: its bound, the threshold, the worst measured value and a pass/fail mark."""
-    thresholds: dict[str, object] = {}
+    thresholds: dict[str, float] = {}
     for check in checks:
-        for metric, value in (check.get("thresholds") or {}).items():
+        for metric, value in check.thresholds.items():
             thresholds.setdefault(metric, value)
-    violated = Counter(
-        v.get("metric") for c in checks for v in (c.get("violations") or []) if isinstance(v, dict)
-    )
-    worst = worst_metrics(c.get("metrics") or {} for c in checks)
+    violated = Counter(v.metric for c in checks for v in c.violations)
+    worst = worst_metrics(c.metrics for c in checks)
     # thresholded metrics first, in the profile's order; unthresholded ones are informational
     names = list(thresholds) + [m for m in worst if m not in thresholds]
     rows = []
     for metric in names:
         bound = thresholds.get(metric)
-        sign = BY_NAME[metric].sign() if metric in BY_NAME else "≤"
+        sign = _sign(metric)
         if bound is None:
             mark: object = ""
         elif violated[metric]:
@@ -229,17 +250,17 @@ def metric_table(checks: list[dict]) -> Markup:
     return tag("div", join(table(headers, half, cls="metrics") for half in halves), cls="tables")
 
 
-def failing_case(check: dict) -> Markup:
+def failing_case(check: Check) -> Markup:
     """One failing check: its message, violations and Hypothesis-minimal reproducer."""
     parts: list[object] = [
         tag(
             "div",
-            join([_mark(check.get("status", "fail")), " ", tag("code", check.get("name", "?"))]),
+            join([_mark(check.status), " ", tag("code", check.name)]),
             cls="case-title",
         ),
-        tag("p", check.get("message") or "", cls="msg"),
+        tag("p", check.message, cls="msg"),
     ]
-    violations = [v for v in check.get("violations") or [] if isinstance(v, dict)]
+    violations = check.violations
     if violations:
         # one wrapped line, not a table: a bf16 stack under fp32 breaks every bound at once
         items = [
@@ -247,14 +268,9 @@ def failing_case(check: dict) -> Markup:
                 "span",
                 join(
                     [
-                        tag("code", v.get("metric")),
-                        f" {as_text(v.get('value'))} ",
-                        tag(
-                            "span",
-                            f"(bound {'≥' if v.get('bound') == 'min' else '≤'} "
-                            f"{as_text(v.get('threshold'))})",
-                            cls="k",
-                        ),
+                        tag("code", v.metric),
+                        f" {as_text(v.value)} ",
+                        tag("span", f"(bound {_sign(v.metric)} {as_text(v.threshold)})", cls="k"),
                     ]
                 ),
                 cls="pair",
@@ -264,19 +280,32 @@ def failing_case(check: dict) -> Markup:
         parts.append(
             tag("div", join([tag("span", "violated: ", cls="k"), *items]), cls="violations")
         )
-    case = check.get("worst_case")
-    if isinstance(case, dict):
-        parts.append(reproducer(case))
+    shrink = check.shrink
+    if shrink is not None:
+        how = (
+            f"shrinking cut short after {as_text(shrink.seconds)} s: the case below "
+            "may not be minimal"
+            if shrink.cut_short
+            else f"shrunk in {as_text(shrink.seconds)} s"
+        )
+        parts.append(tag("p", f"{how} ({shrink.examples} examples)", cls="sub"))
+    if check.worst_case is not None:
+        parts.append(reproducer(check.worst_case))
     return tag("div", join(parts), cls="case")
 
 
-def reproducer(case: dict) -> Markup:
+def reproducer(case: Mapping[str, Any]) -> Markup:
+    """The case a suite announced (its own fields: prompts, shapes, sampling, others) and the
+    replay command."""
     rows: list[tuple[str, object]] = []
-    for k, ids in enumerate(case.get("prompt_ids") or []):
+    prompts = list(case.get("prompt_ids") or [])
+    for k, ids in enumerate(prompts[:MAX_PROMPTS]):
         ids = list(ids) if isinstance(ids, list) else [ids]
         shown = ", ".join(str(i) for i in ids[:MAX_PROMPT_IDS])
         more = f", … ({len(ids) - MAX_PROMPT_IDS} more)" if len(ids) > MAX_PROMPT_IDS else ""
         rows.append((f"prompt {k}", tag("code", f"[{shown}{more}]")))
+    if len(prompts) > MAX_PROMPTS:
+        rows.append(("", f"… {len(prompts) - MAX_PROMPTS} more prompts (in report.json)"))
     for key in ("batch_shape", "sampling"):
         if case.get(key) is not None:
             rows.append((key.replace("_", " "), _pairs(case[key])))
@@ -327,14 +356,9 @@ def rl_section(summary: dict, curves: list[dict]) -> Markup:
     return tag("section", join(parts), cls="suite", id="rl")
 
 
-def _listing(title: str, checks: list[dict]) -> Markup:
+def _listing(title: str, checks: list[Check]) -> Markup:
     rows = [
-        [
-            _mark(c.get("status", "?")),
-            tag("code", c.get("name", "?")),
-            c.get("message") or "",
-            c.get("examples_run"),
-        ]
+        [_mark(c.status), tag("code", c.name), c.message, c.examples_run]
         for c in checks[:MAX_LISTED_CHECKS]
     ]
     if len(checks) > MAX_LISTED_CHECKS:
@@ -348,6 +372,10 @@ def _listing(title: str, checks: list[dict]) -> Markup:
             ]
         ),
     )
+
+
+def _sign(metric: object) -> str:
+    return BY_NAME[metric].sign() if metric in BY_NAME else "≤"
 
 
 def _mark(status: str, text: str | None = None) -> Markup:

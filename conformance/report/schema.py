@@ -1,17 +1,226 @@
-"""Reading report.json (schema 1, see docs)."""
+"""report.json as typed records: the one definition of its layout, validated on load.
+
+A report is a :class:`Report` holding :class:`Check` records (each with its :class:`Violation`
+and :class:`Shrink` records), a :class:`ProfileInfo`, a :class:`Timing` and the stack
+fingerprint, a :class:`Stack` mapping: engines and backends add their own info fields to it,
+so only the fields every reader relies on are checked.
+
+The layout is schema 1's, unchanged. Early schema-1 files lack ``depth``, ``timing`` and a
+check's ``shrink``, ``seconds`` and ``worst_case_metrics``: those read as their defaults.
+
+Adding a field is one line in its record, with a default, so files written before it still
+load. Fields a file has that this version does not know are kept in ``unknown`` and written
+back out, so a newer file read by an older harness loses nothing. Renaming, moving or removing
+one changes the layout: bump ``SCHEMA`` and convert the older layout in ``parse_report``.
+"""
 
 from __future__ import annotations
 
 import json
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from functools import cache
 from pathlib import Path
+from typing import Any, Literal, Self, Union
 
 from conformance.errors import UsageError
+from conformance.metric_table import Bound, metric
 
 SCHEMA = 1
 
+Status = Literal["pass", "fail", "error", "skip", "interrupted"]
+Verdict = Literal["pass", "fail", "incomplete"]
 
-def load_report(path: Path) -> dict:
-    """Read and validate a report.json; any problem is one-line UsageError naming the fix."""
+
+class FieldError(ValueError):
+    """One field of a report is missing or has the wrong type; ``field`` is its path."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"field {field or '(top level)'} {problem}")
+
+
+@dataclass(kw_only=True)
+class Record:
+    """A JSON object with typed fields: ``from_json`` validates, ``to_json`` writes back."""
+
+    #: fields of the file this version does not know, kept as they were
+    unknown: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "") -> Self:
+        """The record of the JSON object ``data``; ``where`` is its path, for errors."""
+        if not isinstance(data, dict):
+            raise FieldError(where, f"is {_kind(data)}, not an object")
+        values: dict[str, Any] = {}
+        for f in _fields(cls):
+            path = f"{where}.{f.name}" if where else f.name
+            if f.name in data:
+                values[f.name] = _parse(data[f.name], _hints(cls)[f.name], path)
+            elif f.default is MISSING and f.default_factory is MISSING:
+                raise FieldError(path, "is missing")
+        names = {f.name for f in _fields(cls)}
+        return cls(**values, unknown={k: v for k, v in data.items() if k not in names})
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object: known fields in order, then the unknown ones. It shares the
+        record's mappings and lists (copy it before changing it)."""
+        out = {f.name: _dump(getattr(self, f.name)) for f in _fields(type(self))}
+        return out | {k: v for k, v in self.unknown.items() if k not in out}
+
+
+class Stack(dict[str, Any]):
+    """The stack fingerprint (``conformance.stack.fingerprint``): a mapping, since engines
+    and backends add their own info fields; the fields below are checked, the rest kept."""
+
+    #: the fields the gate, certificate, summary and page rely on, with their JSON types
+    REQUIRED: typing.ClassVar[dict[str, type]] = {
+        "fingerprint": str,
+        "engine": str,
+        "backend": str,
+        "engine_dtype": str,
+        "backend_dtype": str,
+        "model": dict,
+    }
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "stack") -> Stack:
+        if not isinstance(data, dict):
+            raise FieldError(where, f"is {_kind(data)}, not an object")
+        for key, kind in cls.REQUIRED.items():
+            _expect(data, key, kind, where)
+        _expect(data["model"], "sha256", str, f"{where}.model")
+        return cls(data)
+
+    @property
+    def model_sha256(self) -> str:
+        return self["model"]["sha256"]
+
+
+@dataclass(kw_only=True)
+class Violation(Record):
+    """One metric on the wrong side of its threshold."""
+
+    metric: str
+    value: float
+    threshold: float
+    #: which side of the threshold is a violation (the metric table's, kept so the file
+    #: reads on its own)
+    bound: Bound
+
+    def __str__(self) -> str:
+        return f"{self.metric} = {metric(self.metric).relation(self.value, self.threshold)}"
+
+
+@dataclass(kw_only=True)
+class Shrink(Record):
+    """How long Hypothesis shrank a failure, and whether its time budget cut it short."""
+
+    seconds: float
+    examples: int
+    cut_short: bool
+
+
+@dataclass(kw_only=True)
+class Check(Record):
+    """One conformance test: its status, pooled metrics, violations and reproducer."""
+
+    suite: str
+    name: str
+    nodeid: str
+    status: Status
+    message: str = ""
+    #: mismatch metrics over every token measured, plus the suite's notes
+    metrics: dict[str, float] = field(default_factory=dict)
+    #: the profile's thresholds of the measured metrics
+    thresholds: dict[str, float] = field(default_factory=dict)
+    violations: list[Violation] = field(default_factory=list)
+    #: the case of the failure the check names (else its worst example), with ``replay``
+    worst_case: dict[str, Any] | None = None
+    worst_case_metrics: dict[str, float] | None = None
+    shrink: Shrink | None = None
+    #: down-sampled token points for the plots: ``lp_train``, ``lp_infer``, ``position``
+    samples: dict[str, list[float]] | None = None
+    examples_run: int = 0
+    seconds: float | None = None
+    #: what sets the check apart from the stack's own run (``knobs``: a variant engine's options)
+    context: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class ProfileInfo(Record):
+    """The tolerance profile the run was judged by."""
+
+    name: str
+    source: str | None = None
+    thresholds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class Timing(Record):
+    """Wall time, the engines' and backends' own seconds, and the harness's overhead per
+    second of theirs."""
+
+    wall_s: float
+    engine_start_s: float = 0.0
+    engine_s: float = 0.0
+    backend_start_s: float = 0.0
+    backend_s: float = 0.0
+    harness_overhead: float = 0.0
+
+
+@dataclass(kw_only=True)
+class Report(Record):
+    """One run: the verdict, the stack, the profile and every check."""
+
+    schema: int = SCHEMA
+    verdict: Verdict
+    reason: str | None = None
+    created: str
+    command: str
+    seed: int
+    examples: int
+    #: the depth setting (schema-1 files from before it lack it)
+    depth: str | None = None
+    stack: Stack
+    profile: ProfileInfo
+    checks: list[Check]
+    timing: Timing | None = None
+    #: the RL smoke run's summary (free-form: the RL loop's own fields), if one ran
+    rl: dict[str, Any] | None = None
+
+    def suites(self) -> dict[str, list[Check]]:
+        """Checks grouped by suite, in first-seen order."""
+        grouped: dict[str, list[Check]] = {}
+        for check in self.checks:
+            grouped.setdefault(check.suite, []).append(check)
+        return grouped
+
+
+def parse_report(data: object, where: str = "report") -> Report:
+    """The :class:`Report` of a decoded report.json; a bad one is a one-line UsageError naming
+    ``where`` and the field."""
+    version = data.get("schema") if isinstance(data, dict) else None
+    if type(version) is not int or version != SCHEMA:  # true == 1 in Python, not in JSON
+        found = f"schema {version!r}" if isinstance(data, dict) else _kind(data)
+        raise UsageError(
+            f"{where} is not a report.json this version reads ({found}; reads schema {SCHEMA})",
+            "pass the report.json that certify or --tim-report wrote",
+        )
+    try:
+        return Report.from_json(data)
+    except FieldError as exc:
+        raise UsageError(
+            f"{where}: {exc}", "regenerate it with tim-conformance certify, or fix that field"
+        ) from None
+
+
+def load_report(path: Path) -> Report:
+    """Read and validate a report.json; any problem is a one-line UsageError naming the file
+    (and the field, for a malformed one)."""
     path = Path(path)
     try:
         text = path.read_text("utf-8")
@@ -22,38 +231,122 @@ def load_report(path: Path) -> dict:
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read {path}: {exc}", "pass a readable report.json") from None
     try:
-        report = json.loads(text)
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(
             f"{path} is not JSON ({exc.msg} at line {exc.lineno})",
             "pass the report.json itself, not results.jsonl or an HTML file",
         ) from None
-    validate_report(report, str(path))
-    return report
+    return parse_report(data, str(path))
 
 
-def validate_report(report: object, where: str = "report") -> None:
-    """Check the fields the report, the certificate and the gate rely on."""
-    if not isinstance(report, dict) or report.get("schema") != SCHEMA:
-        found = report.get("schema") if isinstance(report, dict) else type(report).__name__
-        raise UsageError(
-            f"{where} is not a schema-{SCHEMA} report.json (schema: {found!r})",
-            "regenerate it with this version of tim-conformance",
-        )
-    checks = report.get("checks")
-    if not isinstance(checks, list) or not all(
-        isinstance(c, dict) and isinstance(c.get("suite"), str) for c in checks
-    ):
-        raise UsageError(
-            f"{where} has no valid 'checks' list", "regenerate it with tim-conformance certify"
-        )
-    if not isinstance(report.get("stack"), dict):
-        raise UsageError(f"{where} has no 'stack' object", "regenerate it with certify")
+def as_report(report: Report | Mapping[str, Any], where: str = "report") -> Report:
+    """``report`` itself, or the validated record of a decoded report.json."""
+    return report if isinstance(report, Report) else parse_report(report, where)
 
 
-def suites(report: dict) -> dict[str, list[dict]]:
-    """Checks grouped by suite, in first-seen order."""
-    grouped: dict[str, list[dict]] = {}
-    for check in report["checks"]:
-        grouped.setdefault(check["suite"], []).append(check)
-    return grouped
+# -- the type-directed parser --------------------------------------------------------------
+
+
+@cache
+def _fields(cls: type[Record]) -> tuple[Any, ...]:
+    return tuple(f for f in fields(cls) if f.name != "unknown")
+
+
+@cache
+def _hints(cls: type[Record]) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _parse(value: object, hint: Any, where: str) -> Any:
+    """``value`` checked against the type ``hint`` (records parsed into their class)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = (a for a in args if a is not type(None))
+        return _parse(value, inner, where)
+    if origin is Literal:
+        if value not in args:
+            raise FieldError(where, f"is {value!r}, not one of {', '.join(map(str, args))}")
+        return value
+    if isinstance(hint, type) and hasattr(hint, "from_json"):
+        return hint.from_json(value, where)
+    if origin is dict:
+        _check_type(value, dict, where)
+        items = value.items()  # type: ignore[union-attr]
+        if _all_plain(args[1], (v for _, v in items)):
+            return value
+        return {k: _parse(v, args[1], f"{where}.{k}") for k, v in items}
+    if origin is list:
+        _check_type(value, list, where)
+        if _all_plain(args[0], value):  # type: ignore[arg-type]
+            return value
+        return [_parse(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]  # type: ignore[arg-type]
+    _check_type(value, hint, where)
+    return value
+
+
+def _all_plain(hint: Any, values: Iterable[object]) -> bool:
+    """Whether ``hint`` is a JSON scalar type and every value is one: the fast path for the
+    thousands of token samples a check holds (the slow path names the first bad one)."""
+    exact = _EXACT_TYPES.get(hint)
+    return hint is Any or (exact is not None and all(type(v) in exact for v in values))
+
+
+def _expect(data: dict[str, Any], key: str, kind: type, where: str) -> None:
+    """Raise FieldError unless ``data[key]`` is there and a JSON ``kind``."""
+    if key not in data:
+        raise FieldError(f"{where}.{key}", "is missing")
+    _check_type(data[key], kind, f"{where}.{key}")
+
+
+def _check_type(value: object, kind: type, where: str) -> None:
+    """Raise FieldError unless ``value`` is a JSON ``kind``; an int is a float, a bool is
+    neither (JSON has one number type, and ``true`` is not 1)."""
+    ok = (
+        isinstance(value, int | float) and not isinstance(value, bool)
+        if kind is float
+        else isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    )
+    if not ok:
+        raise FieldError(where, f"is {_kind(value)}, not {_JSON_NAMES[kind]}")
+
+
+#: the Python types json.loads gives for each JSON scalar type (no bool among the numbers)
+_EXACT_TYPES: dict[Any, tuple[type, ...]] = {
+    float: (float, int),
+    int: (int,),
+    str: (str,),
+    bool: (bool,),
+}
+_JSON_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    dict: "an object",
+    list: "a list",
+}
+
+
+def _kind(value: object) -> str:
+    """How a JSON value reads in an error: ``"the string 'x'"``, ``"a list"``, ``"null"``."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        return f"the string {shown!r}"
+    if isinstance(value, bool | int | float):
+        return f"the value {json.dumps(value)}"
+    return {dict: "an object", list: "a list"}.get(type(value), type(value).__name__)
+
+
+def _dump(value: object) -> object:
+    if isinstance(value, Record):
+        return value.to_json()
+    if isinstance(value, list) and value and isinstance(value[0], Record):
+        return [item.to_json() for item in value]
+    return value

@@ -67,14 +67,22 @@ def test_processed_logprobs_are_temperature_scaled(default_model):
 
 def test_eos_ends_a_rollout_when_not_ignored(default_model):
     engine = ENGINES.get("hf-generate")(EngineConfig(model=default_model))
-    eos = engine._eos_id
-    completions = engine.generate(
-        [[eos - 1]] * 16, SamplingSpec(max_new_tokens=64, seed=1, ignore_eos=False)
+    eos, prompts, budget = engine._eos_id, [[engine._eos_id - 1]] * 16, 64
+    stopped = engine.generate(
+        prompts, SamplingSpec(max_new_tokens=budget, seed=1, ignore_eos=False)
     )
-    for c in completions:
-        assert eos not in c.tokens[:-1]
-        assert (c.finish_reason == "eos") == (c.tokens[-1] == eos)
-        assert len(c.logprobs) == len(c.tokens)
+    ignored = engine.generate(prompts, SamplingSpec(max_new_tokens=budget, seed=1, ignore_eos=True))
+    # both endings must occur, or the per-rollout checks below would hold vacuously
+    endings = {c.finish_reason for c in stopped}
+    assert endings == {"eos", "length"}, endings
+    for s, i in zip(stopped, ignored, strict=True):
+        # the same seed samples the same tokens: a rollout stops at the first EOS it samples,
+        # and ignoring EOS runs on through it to the full budget
+        assert i.finish_reason == "length" and len(i.tokens) == budget
+        end = i.tokens.index(eos) + 1 if eos in i.tokens else budget
+        assert s.tokens == i.tokens[:end]
+        assert s.finish_reason == ("eos" if eos in i.tokens else "length")
+        assert len(s.logprobs) == len(s.tokens)
 
 
 @pytest.mark.parametrize("layout", ["right-pad", "left-pad", "packed"])

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.engines import needs
+from support.engine_tests import needs
 from support.server_processes import free_url, group_ends, port_open
 
 from conformance.backends.base import BackendConfig

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.engines import needs, started
+from support.engine_tests import needs, started
 
 from conformance.engines import SamplingSpec
 from conformance.errors import UsageError

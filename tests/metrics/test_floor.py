@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import doctest
 import json
 import math
 
 import pytest
+from support.doctests import run_doctests
 
 from conformance import floor
 from conformance.cli import main
@@ -55,7 +55,7 @@ def test_seeds_differ() -> None:
 
 
 def test_docstring_example_runs() -> None:
-    assert doctest.testmod(floor).failed == 0
+    run_doctests(floor)
 
 
 @pytest.mark.parametrize(

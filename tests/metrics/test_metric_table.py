@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import doctest
 import math
 
 import pytest
+from support.doctests import run_doctests
 
 from conformance import metric_table
 from conformance.metric_table import METRICS, metric, worst, worst_metrics
@@ -66,5 +66,4 @@ def test_every_length_growing_metric_has_a_scaled_counterpart() -> None:
 
 
 def test_docstring_examples_run() -> None:
-    result = doctest.testmod(metric_table)
-    assert result.attempted > 0 and result.failed == 0
+    run_doctests(metric_table)

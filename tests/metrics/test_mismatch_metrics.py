@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 import itertools
 import math
 
@@ -11,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.doctests import run_doctests
 
 from conformance import metrics
 from conformance.errors import NonFiniteLogprobs, UsageError
@@ -196,7 +196,7 @@ def test_p99_when_the_strided_sample_overestimates_the_tail() -> None:
 
 
 def test_docstring_examples_run() -> None:
-    assert doctest.testmod(metrics).failed == 0
+    run_doctests(metrics)
 
 
 @settings(max_examples=100, deadline=None)

@@ -1,4 +1,4 @@
-"""report.json dicts built from real log-probabilities and ``conformance.metrics``.
+"""Reports built from real log-probabilities, ``conformance.metrics`` and a real profile.
 
 A "stack" here is a precision for the inference side's logits: the trainer's log-probs are
 log-softmax of fp32 logits z ~ N(0, 1.5²) (objective-level-hacking App. C.1's setting); the
@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from conformance.metric_table import metric
 from conformance.metrics import mismatch_metrics
+from conformance.profiles import Profile
+from conformance.report.schema import Check, ProfileInfo, Report, Stack
 
 VOCAB = 384
 #: an fp32-like profile for these tests: tight upper bounds, a lower bound on pcc
@@ -47,54 +49,36 @@ def measure(engine_dtype: torch.dtype, *, seed: int, batch: int = 4, seq: int = 
     return Measured(lp_train, lp_infer, mask)
 
 
-def make_check(suite: str, index: int, m: Measured, thresholds: dict[str, float]) -> dict:
-    """One checks[] entry, judged against ``thresholds`` the way the session does."""
+def make_check(suite: str, index: int, m: Measured, thresholds: dict[str, float]) -> Check:
+    """One check, judged against ``thresholds`` by the profile code the session uses."""
     metrics = mismatch_metrics(m.lp_train, m.lp_infer, m.mask)
-    violations = [
-        {
-            "metric": k,
-            "value": metrics[k],
-            "threshold": t,
-            "bound": metric(k).bound,
-        }
-        for k, t in thresholds.items()
-        if metric(k).violates(metrics[k], t)
-    ]
+    violations = Profile("test", Path("test.toml"), dict(thresholds)).check(metrics)
     positions = torch.arange(m.mask.shape[1]).expand_as(m.mask)
     name = f"test_{suite}[{index}]"
-    check = {
-        "suite": suite,
-        "name": name,
-        "nodeid": f"suites/test_{suite}.py::{name}",
-        "status": "fail" if violations else "pass",
-        "message": "; ".join(
-            f"{v['metric']} = {v['value']:.3g} vs {v['threshold']:g}" for v in violations
-        ),
-        "metrics": metrics,
-        "thresholds": dict(thresholds),
-        "violations": violations,
-        "worst_case": None,
-        "samples": {
+    nodeid = f"suites/test_{suite}.py::{name}"
+    worst_case = {
+        "prompt_ids": [[1, 2, 3], [4, 5]],
+        "batch_shape": {"batch_size": 2, "lengths": [3, 2], "padding_side": "left"},
+        "sampling": {"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": 0},
+        "replay": f"pytest '{nodeid}' --tim-engine hf-generate --hypothesis-seed 123",
+    }
+    return Check(
+        suite=suite,
+        name=name,
+        nodeid=nodeid,
+        status="fail" if violations else "pass",
+        message="; ".join(f"{v.metric} = {v.value:.3g} vs {v.threshold:g}" for v in violations),
+        metrics=metrics,
+        thresholds=dict(thresholds),
+        violations=violations,
+        worst_case=worst_case if violations else None,
+        samples={
             "lp_train": m.lp_train[m.mask].tolist(),
             "lp_infer": m.lp_infer[m.mask].tolist(),
             "position": positions[m.mask].tolist(),
         },
-        "examples_run": 10,
-    }
-    if violations:
-        check["worst_case"] = {
-            "prompt_ids": [[1, 2, 3], [4, 5]],
-            "batch_shape": {"batch_size": 2, "lengths": [3, 2], "padding_side": "left"},
-            "sampling": {
-                "max_new_tokens": 8,
-                "temperature": 1.0,
-                "top_p": 1.0,
-                "top_k": 0,
-                "seed": 0,
-            },
-            "replay": f"pytest '{check['nodeid']}' --tim-engine hf-generate --hypothesis-seed 123",
-        }
-    return check
+        examples_run=10,
+    )
 
 
 def make_report(
@@ -103,40 +87,33 @@ def make_report(
     thresholds: dict[str, float] = FP32_THRESHOLDS,
     checks_per_suite: int = 2,
     seed: int = 123,
-) -> dict:
-    """A whole report.json: every suite measures the same stack on different random inputs."""
+) -> Report:
+    """A whole report: every suite measures the same stack on different random inputs."""
     checks = [
         make_check(suite, i, measure(engine_dtype, seed=seed * 1000 + 10 * s + i), thresholds)
         for s, suite in enumerate(SUITES)
         for i in range(checks_per_suite)
     ]
     dtype = str(engine_dtype).removeprefix("torch.")
-    failed = any(c["status"] == "fail" for c in checks)
-    return {
-        "schema": 1,
-        "verdict": "fail" if failed else "pass",
-        "reason": None,
-        "created": "2026-11-22T10:00:00+00:00",
-        "command": f"tim-conformance certify --engine-dtype {dtype} --seed {seed}",
-        "seed": seed,
-        "examples": 10,
-        "stack": {
-            "fingerprint": hashlib.sha256(dtype.encode()).hexdigest(),
-            "engine": "hf-generate",
-            "backend": "hf",
-            "engine_dtype": dtype,
-            "backend_dtype": "float32",
-            "model": {
-                "path": "/tmp/model",
-                "sha256": MODEL_SHA,
-                "arch": "qwen2",
-                "vocab_size": VOCAB,
-            },
-            "versions": {"python": "3.11", "torch": torch.__version__},
-            "device": {"kind": "cpu", "threads": 1},
-            "env": {},
-        },
-        "profile": {"name": "test", "source": None, "thresholds": dict(thresholds)},
-        "checks": checks,
-        "rl": None,
-    }
+    failed = any(c.status == "fail" for c in checks)
+    return Report(
+        verdict="fail" if failed else "pass",
+        created="2026-11-22T10:00:00+00:00",
+        command=f"tim-conformance certify --engine-dtype {dtype} --seed {seed}",
+        seed=seed,
+        examples=10,
+        depth="quick",
+        stack=Stack(
+            fingerprint=hashlib.sha256(dtype.encode()).hexdigest(),
+            engine="hf-generate",
+            backend="hf",
+            engine_dtype=dtype,
+            backend_dtype="float32",
+            model={"path": "/tmp/model", "sha256": MODEL_SHA, "arch": "qwen2", "vocab_size": VOCAB},
+            versions={"python": "3.11", "torch": torch.__version__},
+            device={"kind": "cpu", "threads": 1},
+            env={},
+        ),
+        profile=ProfileInfo(name="test", thresholds=dict(thresholds)),
+        checks=checks,
+    )

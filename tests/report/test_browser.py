@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conformance.report import write_html
+from conformance.report import Report, write_html
 
 from .chromium import BINARY, INSTALL, Chromium
 from .reports import SUITES, make_report
@@ -39,10 +39,10 @@ def browser():
 
 def test_report_is_visible_and_quiet_in_chromium(tmp_path, browser: Chromium) -> None:
     report = make_report(torch.bfloat16)
-    report["checks"][1]["message"] = (
-        '"><img src=x onerror="window.pwned=1"><script>window.pwned=2</script>'
-    )
-    report["rl"] = {"mismatch_alarm": {"fired": True, "step": 20, "reason": "rho_std 3x"}}
+    report.checks[
+        1
+    ].message = '"><img src=x onerror="window.pwned=1"><script>window.pwned=2</script>'
+    report.rl = {"mismatch_alarm": {"fired": True, "step": 20, "reason": "rho_std 3x"}}
     curves = [{"step": s, "reward": s / 50, "rho_std": 1e-3 * 1.05**s} for s in range(50)]
     page = write_html(report, tmp_path / "report.html", rl_curves=curves)
     browser.load(page)
@@ -64,26 +64,26 @@ def test_report_is_visible_and_quiet_in_chromium(tmp_path, browser: Chromium) ->
     assert browser.screenshot(ARTIFACTS / "report.png").stat().st_size > 10_000
 
 
-def large_report() -> dict:
+def large_report() -> Report:
     """10 000 checks: a few measured reports' checks, repeated under distinct names."""
-    pool = make_report(torch.bfloat16, checks_per_suite=8)["checks"]
-    pool += make_report(torch.float32, checks_per_suite=8)["checks"]
+    pool = make_report(torch.bfloat16, checks_per_suite=8).checks
+    pool += make_report(torch.float32, checks_per_suite=8).checks
     report = make_report(torch.bfloat16, checks_per_suite=1)
     checks = []
     for i in range(LARGE_CASES):
         check = copy.deepcopy(pool[i % len(pool)])
-        check["suite"] = f"suite_{i % 6}"
-        check["name"] = f"test_case[{i}]"
-        check["nodeid"] = f"suites/test_{check['suite']}.py::test_case[{i}]"
+        check.suite = f"suite_{i % 6}"
+        check.name = f"test_case[{i}]"
+        check.nodeid = f"suites/test_{check.suite}.py::test_case[{i}]"
         checks.append(check)
-    report["checks"] = checks
+    report.checks = checks
     return report
 
 
 @pytest.mark.slow
 def test_ten_thousand_cases_stay_small_and_render(tmp_path, browser: Chromium, benchmark) -> None:
     report = large_report()
-    (tmp_path / "report.json").write_text(json.dumps(report))
+    (tmp_path / "report.json").write_text(json.dumps(report.to_json()))
     start = time.perf_counter()
     page = write_html(report, tmp_path / "report.html")
     write_s = time.perf_counter() - start

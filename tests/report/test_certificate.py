@@ -11,15 +11,16 @@ import torch
 
 from conformance.certificate import check_certificate, write_certificate
 from conformance.errors import UsageError
+from conformance.report import Report
 
 from .reports import SUITES, make_report
 
 
 @pytest.fixture
-def written(tmp_path) -> tuple[dict, dict, object]:
+def written(tmp_path) -> tuple[Report, dict, object]:
     report = make_report(torch.bfloat16)
     report_path = tmp_path / "report.json"
-    report_path.write_text(json.dumps(report))
+    report_path.write_text(json.dumps(report.to_json()))
     cert_path = tmp_path / "certificate.json"
     return report, write_certificate(report_path, cert_path), cert_path
 
@@ -30,21 +31,21 @@ def test_certificate_summarises_the_report(written, tmp_path) -> None:
     assert (
         cert["report_sha256"] == hashlib.sha256((tmp_path / "report.json").read_bytes()).hexdigest()
     )
-    assert cert["verdict"] == report["verdict"] == "fail" and cert["certified"] is False
+    assert cert["verdict"] == report.verdict == "fail" and cert["certified"] is False
     assert cert["profile"]["name"] == "test"
     assert set(cert["metrics"]) == set(SUITES)
     for suite in SUITES:
-        checks = [c for c in report["checks"] if c["suite"] == suite]
+        checks = [c for c in report.checks if c.suite == suite]
         assert cert["metrics"][suite]["abs_diff_max"] == max(
-            c["metrics"]["abs_diff_max"] for c in checks
+            c.metrics["abs_diff_max"] for c in checks
         )
-        assert cert["metrics"][suite]["pcc"] == min(c["metrics"]["pcc"] for c in checks)
+        assert cert["metrics"][suite]["pcc"] == min(c.metrics["pcc"] for c in checks)
     assert "path" not in cert["stack"]["model"]
 
 
 def test_same_stack_matches_even_from_another_folder(written) -> None:
     report, _, cert_path = written
-    stack = copy.deepcopy(report["stack"])
+    stack = copy.deepcopy(report.stack)
     stack["model"]["path"] = "/elsewhere/model"
     stack["fingerprint"] = "recomputed"
     check = check_certificate(cert_path, stack)
@@ -53,7 +54,7 @@ def test_same_stack_matches_even_from_another_folder(written) -> None:
 
 def test_changed_stack_lists_each_difference(written) -> None:
     report, _, cert_path = written
-    stack = copy.deepcopy(report["stack"])
+    stack = copy.deepcopy(report.stack)
     stack["engine_dtype"] = "float32"
     stack["versions"]["torch"] = "9.9.9"
     stack["env"]["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"

@@ -1,0 +1,56 @@
+"""``gate`` and ``report`` start without torch: only the subcommand being run is imported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conformance.cli import SUBCOMMANDS, main
+
+from .reports import make_report
+
+HEAVY = ("torch", "transformers", "numpy")
+
+
+def test_gate_and_report_run_without_importing_torch(tmp_path, cli_env) -> None:
+    base, cand = tmp_path / "base.json", tmp_path / "cand.json"
+    base.write_text(json.dumps(make_report(torch.float32).to_json()))
+    cand.write_text(json.dumps(make_report(torch.float32).to_json()))
+    code = f"""
+import sys
+from conformance.cli import main
+codes = [main(["gate", {str(base)!r}, {str(cand)!r}]),
+         main(["report", {str(base)!r}, "-o", {str(tmp_path / "r.html")!r}])]
+print(codes, sorted({{m.split(".")[0] for m in sys.modules}} & set({HEAVY!r})))
+"""
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=cli_env, check=True
+    )
+    assert run.stdout.splitlines()[-1] == "[0, 0] []", run.stdout + run.stderr
+    assert (tmp_path / "r.html").is_file()
+
+
+def test_report_modules_do_not_import_torch(cli_env) -> None:
+    modules = "conformance.report, conformance.gate, conformance.certificate, conformance.summary"
+    code = f"import sys, {modules}; print('torch' in sys.modules)"
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=cli_env, check=True
+    )
+    assert run.stdout.strip() == "False"
+
+
+def test_help_and_a_mistyped_subcommand_list_every_subcommand(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in SUBCOMMANDS)
+    with pytest.raises(SystemExit) as exit_:
+        main(["gates"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert all(name in err for name in SUBCOMMANDS), err
