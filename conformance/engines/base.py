@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from conformance.errors import UsageError
+from conformance.parallel import ParallelSetting
 
 
 class LogprobKind(enum.StrEnum):
@@ -93,6 +94,8 @@ class Engine(ABC):
 
     #: registry name, e.g. ``"vllm"``
     name: ClassVar[str]
+    #: the option that splits the model over devices, for engines that have one
+    parallel: ClassVar[ParallelSetting | None] = None
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -129,11 +132,14 @@ class Engine(ABC):
 
     def info(self) -> dict[str, Any]:
         """What identifies this engine in a stack fingerprint: versions, knobs, device."""
-        return {
+        info: dict[str, Any] = {
             "engine": self.name,
             "dtype": self.config.dtype,
             "logprobs": self.config.logprobs.value,
         }
+        if self.parallel is not None:
+            info["parallel"] = {self.parallel.label: self.parallel.size(self.config.options)}
+        return info
 
     def close(self) -> None:
         """Release everything the engine holds (processes, ports, memory). Idempotent."""

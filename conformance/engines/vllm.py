@@ -24,6 +24,7 @@ _OPEN: set[int] = set()
 
 class VLLMEngine(Engine):
     name = "vllm"
+    parallel = common.PARALLEL
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
@@ -32,7 +33,11 @@ class VLLMEngine(Engine):
         atexit.register(shutil.rmtree, self._root, True)
         # vLLM reads these while importing and starting, so they go in before either
         os.environ.update(
-            common.environment(self._root, enforce_eager=self.options["enforce_eager"])
+            common.environment(
+                self._root,
+                enforce_eager=self.options["enforce_eager"],
+                tensor_parallel_size=common.PARALLEL.size(self.options),
+            )
         )
         try:
             from vllm import LLM
@@ -166,7 +171,10 @@ class VLLMEngine(Engine):
         core = llm.llm_engine.engine_core
         if _OPEN:
             # shutdown() also tears down vLLM's process-wide distributed state, which the
-            # engines still open here use: free this one's model and cache, leave the rest
+            # engines still open here use: free this one's model and cache, leave the rest;
+            # tensor-parallel workers are processes of this engine's own, stopped with it
+            if common.PARALLEL.size(self.options) > 1:
+                core.engine_core.model_executor.shutdown()
             core._finalizer.detach()
             gc.unfreeze()
         else:

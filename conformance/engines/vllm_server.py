@@ -46,7 +46,11 @@ def _start_server(config: EngineConfig, options: dict[str, Any]) -> ServerProces
             str(port),
             *command_flags(args, negatable=True),
         ],
-        lambda root: common.environment(root, enforce_eager=options["enforce_eager"]),
+        lambda root: common.environment(
+            root,
+            enforce_eager=options["enforce_eager"],
+            tensor_parallel_size=common.PARALLEL.size(options),
+        ),
         prefix="tim-vllm-server-",
     )
 
@@ -66,6 +70,7 @@ def _seeded_chunk(options: dict[str, Any]) -> int | None:
 
 class VLLMServerEngine(Engine):
     name = "vllm-server"
+    parallel = common.PARALLEL
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
@@ -82,6 +87,9 @@ class VLLMServerEngine(Engine):
                     "start your server with those settings, or drop url to let the harness "
                     "start one",
                 )
+            # a server the user started splits its model as the user chose; that is not ours
+            # to know or to vary
+            self.parallel = None
             self.url = url.rstrip("/")
             self._model_id, self._max_model_len = self._describe(attached=True)
             return

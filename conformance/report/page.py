@@ -108,6 +108,7 @@ def run_table(report: dict) -> Markup:
         ("fingerprint", tag("code", stack.get("fingerprint", "—"))),
         ("engine", f"{stack.get('engine', '—')} ({stack.get('engine_dtype', '—')})"),
         ("backend", f"{stack.get('backend', '—')} ({stack.get('backend_dtype', '—')})"),
+        ("parallelism", _pairs(stack.get("parallelism")) or "none: engine and backend unsplit"),
         (
             "model",
             f"{model.get('path', '—')}  "
