@@ -239,7 +239,11 @@ class HarnessSession:
         try:
             with deadline(self.spec.call_timeout, f"starting {kind} {name!r}"):
                 inner = component_cls(config)
-        except ConformanceError:
+        except ConformanceError as exc:
+            if not key:
+                # the stack as given cannot be built (a bad option, say): nothing can be
+                # measured, so the run ends with this one reason instead of an error per test
+                self._on_crash(f"{kind} {name!r} cannot start: {exc}")
             raise
         except (Exception, CallTimedOut) as exc:
             # no engine or backend means no measurement: the rest is skipped, not errored

@@ -26,6 +26,7 @@ from typing import Any
 from conformance.engines._options import parse_bool, parse_engine_options, parse_positive_int
 from conformance.engines.base import Completion, EngineConfig, LogprobKind, SamplingSpec
 from conformance.errors import EngineUnavailable, UsageError
+from conformance.parallel import ParallelSetting
 
 INSTALL_HINT = "pip install 'sglang==0.5.23' (or tox -e sglang)"
 #: environment variable naming the folder that holds the pure-torch ``sgl_kernel`` stand-in
@@ -50,7 +51,11 @@ OPTIONS: dict[str, Callable[[str], Any]] = {
     "rope_cache_fp32": parse_bool,
     # SGLang honours a request's sampling_seed only in deterministic-inference mode
     "enable_deterministic_inference": parse_bool,
+    "tp_size": parse_positive_int,
 }
+
+#: the engines' parallel setting (see ``conformance.parallel``)
+PARALLEL = ParallelSetting(option="tp_size", label="tp_size")
 
 #: the values the knob suite tries, one knob at a time on top of the configured options
 KNOBS: dict[str, tuple[str, ...]] = {
@@ -82,7 +87,18 @@ def parse_options(
 
 
 def with_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
-    return {**_defaults(), **options}
+    merged = {**_defaults(), **options}
+    if merged["device"] == "cpu" and PARALLEL.size(merged) > 1:
+        # sglang 0.5.23 builds every tensor-parallel group with a NCCL communicator unless the
+        # platform is NPU/XPU (parallel_state.init_model_parallel_group), and on CPU that fails
+        # ("Expected a cuda device, but got: cpu"); the failing scheduler then SIGQUITs the
+        # process that started it
+        raise UsageError(
+            f"SGLang's CPU engine cannot run tp_size={PARALLEL.size(merged)}: its "
+            "tensor-parallel groups need NCCL (a CUDA device)",
+            "use tp_size=1 on CPU, or run SGLang on GPUs",
+        )
+    return merged
 
 
 def server_args(config: EngineConfig, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from conformance.errors import EngineCrashed, EngineUnavailable
 
 class SGLangEngine(Engine):
     name = "sglang"
+    parallel = common.PARALLEL
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)

@@ -32,6 +32,7 @@ REQUEST_TIMEOUT_S = 600.0
 
 class SGLangServerEngine(Engine):
     name = "sglang-server"
+    parallel = common.PARALLEL
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
@@ -49,6 +50,7 @@ class SGLangServerEngine(Engine):
                     "start one",
                 )
             self.options: dict[str, Any] = {}
+            self.parallel = None  # an attached server is split as its owner chose, unknown here
             self.url = url.rstrip("/")
             self._model_info = self._describe()
             return

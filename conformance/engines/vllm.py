@@ -158,6 +158,7 @@ class VLLMEngine(Engine):
                 "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
                 "enable_prefix_caching": config.cache_config.enable_prefix_caching,
                 "max_num_seqs": config.scheduler_config.max_num_seqs,
+                "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
                 "max_model_len": config.model_config.max_model_len,
                 "logprobs_mode": config.model_config.logprobs_mode,
             }

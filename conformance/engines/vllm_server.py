@@ -87,9 +87,7 @@ class VLLMServerEngine(Engine):
                     "start your server with those settings, or drop url to let the harness "
                     "start one",
                 )
-            # a server the user started splits its model as the user chose; that is not ours
-            # to know or to vary
-            self.parallel = None
+            self.parallel = None  # an attached server is split as its owner chose, unknown here
             self.url = url.rstrip("/")
             self._model_id, self._max_model_len = self._describe(attached=True)
             return

@@ -26,6 +26,17 @@ def test_vllm_engines_declare_tensor_parallelism():
         assert cls.parallel.size({}) == 1
 
 
+def test_sglang_on_cpu_refuses_tensor_parallelism_in_one_line():
+    from conformance.engines import _sglang_common as sglang_common
+
+    assert sglang_common.PARALLEL.option == "tp_size"
+    assert sglang_common.with_defaults({"device": "cpu", "tp_size": 1})["tp_size"] == 1
+    with pytest.raises(UsageError) as caught:
+        sglang_common.with_defaults({"device": "cpu", "tp_size": 2})
+    message = str(caught.value)
+    assert "tp_size=2" in message and "NCCL" in message and "\n" not in message
+
+
 def test_engines_without_a_parallel_setting_declare_none():
     assert ENGINES.get("hf-generate").parallel is None
 
