@@ -14,7 +14,8 @@ from pathlib import Path
 
 from conformance import __version__
 from conformance.errors import UsageError
-from conformance.report.schema import suites, validate_report, worst_metrics
+from conformance.metric_table import worst_metrics
+from conformance.report.schema import suites, validate_report
 from conformance.stack import VOLATILE_INFO
 
 CERTIFICATE_SCHEMA = 1
@@ -65,7 +66,10 @@ def build_certificate(report: dict, report_sha256: str) -> dict:
         "examples": report.get("examples"),
         "created": report.get("created"),
         "command": report.get("command"),
-        "metrics": {name: worst_metrics(checks) for name, checks in suites(report).items()},
+        "metrics": {
+            name: worst_metrics(c.get("metrics") or {} for c in checks)
+            for name, checks in suites(report).items()
+        },
         "report_sha256": report_sha256,
         "tim_conformance": __version__,
     }

@@ -36,3 +36,8 @@ class EngineCrashed(ConformanceError):
 
 class NonFiniteLogprobs(ConformanceError, ValueError):
     """NaN/inf log-probabilities at valid positions, or nothing valid to measure."""
+
+    def __init__(self, problem: str, fix: str = "", *, count: int = 0) -> None:
+        super().__init__(problem, fix)
+        #: how many valid positions were NaN/inf (0: there was nothing valid at all)
+        self.count = count

@@ -7,8 +7,7 @@ one furthest from the metric's ideal value).
 
 A metric *regresses* when its distance from the ideal value grew beyond the allowed factor::
 
-    dev(v) = |v − ideal|        ideal = 1 for ratio-like metrics (pcc, ρ statistics,
-                                exact_match_rate, token_mult_prob_error), 0 for the rest
+    dev(v) = |v − ideal|        ideal: each metric's, from conformance.metric_table
     regressed  ⇔  dev(candidate) > factor × max(dev(baseline), floor)
 
 The absolute floor keeps ratios of rounding noise out of the verdict: an fp32 stack measures
@@ -28,16 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from conformance.errors import UsageError
+from conformance.metric_table import BY_NAME, METRICS, worst_metrics
 from conformance.report.html import as_text, code_block, join, number, page, table, tag
 from conformance.report.schema import suites, validate_report
 
 DEFAULT_FACTOR = 2.0
 DEFAULT_FLOOR = 1e-6
-#: metrics whose perfect value is 1; every other metric's perfect value is 0
-IDEAL_ONE = frozenset(
-    {"pcc", "exact_match_rate", "rho_mean", "rho_max", "rho_min", "token_mult_prob_error"}
-)
-
 OK, REGRESSED, NOT_COMPARABLE = 0, 1, 2
 
 
@@ -99,11 +94,6 @@ class GateResult:
         ]
         out.insert(1, "  ".join("-" * w for w in widths))
         return "\n".join(line.rstrip() for line in out)
-
-
-def deviation(metric: str, value: float) -> float:
-    """Distance of ``value`` from the metric's ideal (1 for ``IDEAL_ONE`` metrics, else 0)."""
-    return abs(value - (1.0 if metric in IDEAL_ONE else 0.0))
 
 
 def compare(
@@ -184,45 +174,27 @@ def not_comparable(baseline: dict, candidate: dict) -> str | None:
     return None
 
 
-def furthest_from_ideal(checks: list[dict]) -> dict[str, float]:
-    """Per metric, its value furthest from the ideal over ``checks``; a NaN beats any number.
-
-    Signed metrics (k1, chi2_token) are worst at their largest magnitude, either sign.
-    """
-    out: dict[str, float] = {}
-    for check in checks:
-        for metric, value in (check.get("metrics") or {}).items():
-            if not isinstance(value, int | float) or isinstance(value, bool):
-                continue
-            v, current = float(value), out.get(metric)
-            if current is None or (
-                not math.isnan(current)
-                and (math.isnan(v) or deviation(metric, v) > deviation(metric, current))
-            ):
-                out[metric] = v
-    return out
-
-
 def regression_rows(
     baseline: dict, candidate: dict, factors: dict[str, float], floor: float
 ) -> list[MetricRow]:
     rows = []
     b_suites, c_suites = suites(baseline), suites(candidate)
     for suite, b_checks in b_suites.items():
-        b_worst = furthest_from_ideal(b_checks)
-        c_worst = furthest_from_ideal(c_suites.get(suite, []))
+        b_worst = worst_metrics(c.get("metrics") or {} for c in b_checks)
+        c_worst = worst_metrics(c.get("metrics") or {} for c in c_suites.get(suite, []))
         for metric in sorted(b_worst.keys() | c_worst.keys()):
             factor = factors.get(metric, DEFAULT_FACTOR)
             b, c = b_worst.get(metric), c_worst.get(metric)
             if b is None or c is None:
                 rows.append(MetricRow(suite, metric, b, c, None, factor, False))
                 continue
-            ref = max(deviation(metric, b), floor) if not math.isnan(b) else math.nan
-            dev_c = deviation(metric, c)
+            fact = BY_NAME[metric]
+            ref = max(fact.deviation(b), floor) if not math.isnan(b) else math.nan
+            dev_c = fact.deviation(c)
             ratio = dev_c / ref if not (math.isnan(ref) or math.isnan(dev_c)) else None
             # a NaN in the candidate means the measurement broke: always a regression
             regressed = math.isnan(c) or (ratio is not None and ratio > factor)
-            floored = not math.isnan(b) and deviation(metric, b) < floor
+            floored = not math.isnan(b) and fact.deviation(b) < floor
             rows.append(MetricRow(suite, metric, b, c, ratio, factor, regressed, floored))
     return rows
 
@@ -315,7 +287,8 @@ def write_gate_html(result: GateResult, out: Path) -> Path:
 def ratio_note(floor: float) -> str:
     return (
         f"ratio = |candidate − ideal| / max(|baseline − ideal|, {floor:g}); ideal = 1 for "
-        f"{', '.join(sorted(IDEAL_ONE))}, else 0. A ratio marked * is taken against the floor "
+        f"{', '.join(m.name for m in METRICS if m.ideal == 1)}, else 0. A ratio marked * is "
+        "taken against the floor "
         "because the baseline was below it."
     )
 

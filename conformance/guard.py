@@ -25,6 +25,38 @@ class CallTimedOut(Exception):
     """A guarded call did not return within its deadline."""
 
 
+class ProtocolViolation(AssertionError):
+    """A component answered, but not in the shape its protocol promises (a result per input,
+    one log-prob per token): a conformance failure, not a crash."""
+
+
+def check_answer(label: str, method: str, args: tuple[Any, ...], result: Any) -> None:
+    """Raise :class:`ProtocolViolation` when an Engine or Backend call's result does not line
+    up with its inputs (``Engine.generate``/``score``, ``Backend.recompute``)."""
+    if method == "generate":
+        prompts = args[0]
+        if len(result) != len(prompts):
+            raise ProtocolViolation(
+                f"{label} generate() returned {len(result)} completions for {len(prompts)} prompts"
+            )
+        for row, completion in enumerate(result):
+            if len(completion.logprobs) != len(completion.tokens):
+                raise ProtocolViolation(
+                    f"{label} generate() gave completion {row} {len(completion.tokens)} tokens "
+                    f"but {len(completion.logprobs)} log-probs"
+                )
+    elif method in ("score", "recompute"):
+        sequences = args[0]
+        rows = result.logprobs if method == "recompute" else result
+        lengths = [len(r) for r in rows]
+        wanted = [len(s) - 1 for s in sequences]
+        if lengths != wanted:
+            raise ProtocolViolation(
+                f"{label} {method}() returned rows of {lengths[:8]} log-probs for sequences "
+                f"needing {wanted[:8]}"
+            )
+
+
 @contextmanager
 def deadline(seconds: float | None, what: str) -> Iterator[None]:
     """Raise :class:`CallTimedOut` in this thread if the block runs longer than ``seconds``.
@@ -93,7 +125,7 @@ class Guarded:
         started = time.perf_counter()
         try:
             with deadline(self._deadline_s, f"{self._label} {method}()"):
-                return getattr(self.inner, method)(*args, **kwargs)
+                result = getattr(self.inner, method)(*args, **kwargs)
         except (UsageError, NotImplementedError):
             # a request the component refuses, or a feature it lacks: it still works
             raise
@@ -108,6 +140,8 @@ class Guarded:
             ) from exc
         finally:
             self._timing[f"{self.kind}_s"] += time.perf_counter() - started
+        check_answer(self._label, method, args, result)
+        return result
 
     def close(self) -> None:
         """Close the component once; a dead one gets a bounded attempt (it may hang again)."""

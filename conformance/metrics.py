@@ -18,32 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from conformance.errors import NonFiniteLogprobs, UsageError
-
-#: every key ``mismatch_metrics`` returns, in report order — the one list of metric names
-METRIC_NAMES = (
-    "abs_diff_mean",
-    "abs_diff_p99",
-    "abs_diff_max",
-    "prob_diff_mean",
-    "prob_diff_max",
-    "rho_mean",
-    "rho_std",
-    "rho_max",
-    "rho_min",
-    "pcc",
-    "log_ppl_abs_diff",
-    "k1",
-    "k2",
-    "k3",
-    "chi2_token",
-    "token_mult_prob_error",
-    "exact_match_rate",
-    "seq_log_ratio_abs_max",
-)
-
-#: π_train bin edges for ``rho_by_prob_bin``: finer at low probability, where objective-level
-#: hacking §5.3 / Fig. 7 finds ρ most dispersed (and its token-weight distortion targets π < 0.1)
-DEFAULT_PROB_EDGES = (0.0, 1e-3, 1e-2, 0.1, 0.5, 0.9, 1.0)
+from conformance.metric_table import METRIC_NAMES, PROB_BIN_EDGES
 
 #: rows per chunk hold about this many tokens, so each float64 work buffer (512 KiB) stays in
 #: cache and is recycled by malloc: at 10⁶ tokens, page-faulting fresh full-size buffers costs
@@ -59,7 +34,7 @@ _F64 = torch.float64
 def mismatch_metrics(
     lp_train: torch.Tensor, lp_infer: torch.Tensor, mask: torch.Tensor
 ) -> dict[str, float]:
-    r"""All mismatch metrics of one batch, keyed by the names in ``METRIC_NAMES``.
+    r"""All mismatch metrics of one batch, keyed by ``conformance.metric_table.METRIC_NAMES``.
 
     Args:
         lp_train: ``[B, T]`` float, trainer log-probabilities of the sampled tokens.
@@ -81,6 +56,10 @@ def mismatch_metrics(
     pcc                    Pearson correlation of π_train and π_infer     obj.-hacking §4.2
     log_ppl_abs_diff       ``mean_{s∈S} |Σ_t log r|``                     lr-scheduling Eq. 8
     seq_log_ratio_abs_max  ``max_{s∈S} |Σ_t log r|``                      tim-explainer
+    *_per_sqrt_len         the same over ``|Σ_t log r| / √T_s``, ``T_s``   (scaled)
+                           the sequence's valid tokens: independent
+                           per-token noise of std σ gives ≈ σ at every
+                           length, a per-token bias b grows as b·√T
     k1, k2, k3             mean of ``−log r``, ``½(log r)²``,             verl rollout_corr
                            ``r − 1 − log r``: estimators of
                            ``KL(π_infer ‖ π_train)`` on tokens drawn
@@ -88,6 +67,8 @@ def mismatch_metrics(
     chi2_token             ``E[ρ²] − 1``                                  verl
     token_mult_prob_error  ``mean exp(|log r|)``; 1.0 is perfect          NeMo-RL, Megatron
     exact_match_rate       fraction with ``lp_train == lp_infer`` exactly VeXact, slime
+    nonfinite_tokens       valid tokens NaN or ±inf on either side; they  (this harness)
+                           are left out of every other metric
     ====================== ============================================== =====================
 
     (Sources: the table in BACKGROUND.md §1.) ``pcc`` is undefined when either side has zero
@@ -97,7 +78,8 @@ def mismatch_metrics(
 
     Raises:
         UsageError: shapes differ, are not 2-D, or dtypes are wrong.
-        NonFiniteLogprobs: the mask selects nothing, or a valid position is NaN/±inf.
+        NonFiniteLogprobs: the mask selects nothing, or every valid position is NaN/±inf
+            (``count`` holds how many).
 
     Example:
         >>> lp_t = torch.tensor([[-1.0, -2.0, float("-inf")]])
@@ -107,11 +89,36 @@ def mismatch_metrics(
     """
     _check_inputs(lp_train, lp_infer, mask)
     n = _count_valid(mask)
+    try:
+        metrics = _finite_metrics(lp_train, lp_infer, mask, n)
+        nonfinite = 0
+    except _NonFinite:
+        # rare: only now pay for finiteness passes over both sides
+        finite = mask & torch.isfinite(lp_train) & torch.isfinite(lp_infer)
+        nonfinite = n - int(finite.sum())
+        if nonfinite == n:
+            raise NonFiniteLogprobs(
+                f"all {n} valid log-probabilities are NaN/inf on one side or the other",
+                "fix the engine/backend that produced them",
+                count=n,
+            ) from None
+        metrics = _finite_metrics(lp_train, lp_infer, finite, n - nonfinite)
+    return {name: float(nonfinite) if name == "nonfinite_tokens" else metrics[name]
+            for name in METRIC_NAMES}  # fmt: skip
+
+
+class _NonFinite(Exception):
+    """A valid position holds NaN/±inf: recompute over the finite ones."""
+
+
+def _finite_metrics(
+    lp_train: torch.Tensor, lp_infer: torch.Tensor, mask: torch.Tensor, n: int
+) -> dict[str, float]:
     p99 = _OrderStatistics(n, 0.99)
     threshold = p99.candidate_threshold(lp_train, lp_infer, mask)
     totals = _Totals()
     for rows in _row_chunks(mask):
-        totals.add(lp_train[rows], lp_infer[rows], mask[rows], rows.start, threshold)
+        totals.add(lp_train[rows], lp_infer[rows], mask[rows], threshold)
     if not p99.resolve(totals.candidates):
         # the sampled threshold missed (heavy ties or a tiny sample): take every valid value
         p99.resolve([_abs_log_ratio(lp_train[r], lp_infer[r])[mask[r]] for r in _row_chunks(mask)])
@@ -122,7 +129,7 @@ def rho_by_prob_bin(
     lp_train: torch.Tensor,
     lp_infer: torch.Tensor,
     mask: torch.Tensor,
-    edges: Sequence[float] = DEFAULT_PROB_EDGES,
+    edges: Sequence[float] = PROB_BIN_EDGES,
 ) -> list[dict[str, float | int | None]]:
     """Count, mean and std of ρ for the valid tokens in each bin of ``π_train = exp(lp_train)``.
 
@@ -149,7 +156,7 @@ def rho_by_prob_bin(
     lt = _filled(lp_train, unmasked)
     log_r = lt - _filled(lp_infer, unmasked)
     if not bool(torch.isfinite(log_r).all()):
-        _raise_non_finite(log_r, mask, 0)
+        _raise_non_finite(log_r, mask)
     p_train = lt[mask].exp()
     rho = log_r[mask].exp()
 
@@ -249,10 +256,10 @@ def _abs_log_ratio(lp_train: torch.Tensor, lp_infer: torch.Tensor) -> torch.Tens
     return (_filled(lp_train, ~finite) - _filled(lp_infer, ~finite)).abs_()
 
 
-def _raise_non_finite(log_r: torch.Tensor, mask: torch.Tensor, row_offset: int) -> None:
+def _raise_non_finite(log_r: torch.Tensor, mask: torch.Tensor) -> None:
     # a NaN/±inf log-prob on either side makes log r NaN/±inf at that position
     bad = ~torch.isfinite(log_r) & mask
-    positions = [(r + row_offset, c) for r, c in bad.nonzero()[:_SHOWN_POSITIONS].tolist()]
+    positions = [(r, c) for r, c in bad.nonzero()[:_SHOWN_POSITIONS].tolist()]
     more = int(bad.sum()) - len(positions)
     listed = ", ".join(str(p) for p in positions) + (f" and {more} more" if more > 0 else "")
     raise NonFiniteLogprobs(
@@ -332,6 +339,7 @@ class _Totals:
         self.prob_diff_sum = self.prob_diff_max = 0.0
         self.exact = 0
         self.seq_abs: list[torch.Tensor] = []
+        self.seq_len: list[torch.Tensor] = []
         self.candidates: list[torch.Tensor] = []
         #: shifts (ρ − 1, π_train, π_infer), set from the first valid token
         self.shift: tuple[float, float, float] | None = None
@@ -344,7 +352,6 @@ class _Totals:
         lp_train: torch.Tensor,
         lp_infer: torch.Tensor,
         mask: torch.Tensor,
-        row_offset: int,
         threshold: float,
     ) -> None:
         row_counts = mask.sum(dim=1)
@@ -359,7 +366,7 @@ class _Totals:
         work = log_r.abs()
         abs_sum = float(work.sum())
         if not math.isfinite(abs_sum):
-            _raise_non_finite(log_r, mask, row_offset)
+            raise _NonFinite
         self.abs_sum += abs_sum
         self.abs_max = max(self.abs_max, float(work.max()))
         keep = work >= threshold
@@ -371,7 +378,9 @@ class _Totals:
         self.lr_sq_sum += _dot(log_r, log_r)
         # lt − li is exactly 0 iff lt == li (IEEE subtraction never underflows to 0)
         self.exact += n_valid - int(torch.count_nonzero(log_r))
-        self.seq_abs.append(log_r.sum(dim=1).abs_()[row_counts > 0])
+        present = row_counts > 0
+        self.seq_abs.append(log_r.sum(dim=1).abs_()[present])
+        self.seq_len.append(row_counts[present])
         self._add_extremes(log_r, mask, n_masked)
 
         # ρ − 1 as exp(log r) − 1: absolute error ~1e-16, far below any tolerance; exp is
@@ -413,6 +422,7 @@ class _Totals:
 
     def metrics(self, n: int, abs_p99: float) -> dict[str, float]:
         seq_abs = torch.cat(self.seq_abs)
+        seq_scaled = seq_abs / torch.cat(self.seq_len).to(_F64).sqrt()
         em1_mean = self.em1_sum / n
         return {
             "abs_diff_mean": self.abs_sum / n,
@@ -426,6 +436,7 @@ class _Totals:
             "rho_min": math.exp(self.lr_min),
             "pcc": self._pcc(n),
             "log_ppl_abs_diff": float(seq_abs.mean()),
+            "log_ppl_abs_diff_per_sqrt_len": float(seq_scaled.mean()),
             "k1": -self.lr_sum / n,
             "k2": 0.5 * self.lr_sq_sum / n,
             # Σ(ρ − 1 − log r) as a difference of sums: both are accurate far below k3's size
@@ -435,6 +446,7 @@ class _Totals:
             "token_mult_prob_error": self.exp_abs_sum / n,
             "exact_match_rate": self.exact / n,
             "seq_log_ratio_abs_max": float(seq_abs.max()),
+            "seq_log_ratio_per_sqrt_len_max": float(seq_scaled.max()),
         }
 
     def _pcc(self, n: int) -> float:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conformance.depth import DEPTHS
 from conformance.errors import UsageError
 
 
@@ -35,6 +36,21 @@ PROFILE = Option(
     "profile", "tolerance profile name or TOML path (default: implied by the dtypes)", None, "P"
 )
 EXAMPLES = Option("examples", "Hypothesis examples per property (default: 20)", "20", "N")
+DEPTH = Option(
+    "depth",
+    "how far the property search reaches: "
+    + "; ".join(d.describe() for d in DEPTHS.values())
+    + " (default: quick)",
+    "quick",
+    "NAME",
+)
+SHRINK_SECONDS = Option(
+    "shrink-seconds",
+    "seconds Hypothesis may spend shrinking a failure to a minimal case; past them the report "
+    "says the case was not fully shrunk (default: 60)",
+    "60",
+    "S",
+)
 LOGPROBS = Option(
     "logprobs", "which logprobs the engine is asked for: raw or processed (default: raw)", "raw"
 )
@@ -67,6 +83,8 @@ STACK_OPTIONS = (
     BACKEND_DTYPE,
     PROFILE,
     EXAMPLES,
+    DEPTH,
+    SHRINK_SECONDS,
     LOGPROBS,
     ENGINE_OPTION,
     ENGINE_URL,

@@ -9,12 +9,14 @@ starts until a test asks for one. All state lives in one :class:`HarnessSession`
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from conformance.options import STACK_OPTIONS, add_stack_options, pyproject_table, resolve
+from conformance.rl.options import add_training_options
 
 if TYPE_CHECKING:
     from conformance.session import HarnessSession
@@ -44,6 +46,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="also run the RL smoke suite: a short GRPO run on a copy of the stack (minutes)",
     )
+    add_training_options(group.addoption, prefix=PREFIX)  # the RL smoke suite's training regime
     for option in STACK_OPTIONS:
         parser.addini(f"tim_{option.name.replace('-', '_')}", option.help)
     parser.addini("tim_report", "default for --tim-report")
@@ -62,13 +65,17 @@ def _given(config: pytest.Config) -> dict[str, Any]:
     return {option.dest: config.getoption(option.dest) for option in STACK_OPTIONS}
 
 
+def _configured(config: pytest.Config) -> bool:
+    """Whether any source — a flag, an ini key, ``[tool.tim-conformance]`` — sets an option."""
+    flags = any(v not in (None, []) for v in _given(config).values())
+    report = config.getoption("tim_report") or config.getini("tim_report")
+    return bool(flags or report or _ini_values(config) or pyproject_table(Path(config.rootpath)))
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "rl: the RL smoke suite (opt-in with --tim-rl-smoke)")
-    wanted = any(v not in (None, []) for v in _given(config).values()) or config.getoption(
-        "tim_report"
-    )
-    if wanted:
+    if _configured(config):
         activate(config)
 
 
@@ -77,6 +84,7 @@ def activate(config: pytest.Config) -> HarnessSession:
     if SESSION_KEY in config.stash:
         return config.stash[SESSION_KEY]
     from hypothesis import Phase, core, settings
+    from hypothesis.internal.conjecture import engine as conjecture_engine
 
     from conformance.errors import ConformanceError
     from conformance.session import HarnessSession, new_seed
@@ -92,6 +100,7 @@ def activate(config: pytest.Config) -> HarnessSession:
         core.global_force_seed = seed
     try:
         spec = StackSpec.from_options(values)
+        spec.preflight()
         session = HarnessSession(
             spec,
             seed=seed,
@@ -112,8 +121,32 @@ def activate(config: pytest.Config) -> HarnessSession:
         overrides["max_examples"] = spec.examples
     settings.register_profile("tim-conformance", parent=settings(), **overrides)
     settings.load_profile("tim-conformance")
+    # Hypothesis documents this limit as the one to patch; a rare failure can otherwise take
+    # many minutes of engine calls to shrink
+    conjecture_engine.MAX_SHRINKING_SECONDS = spec.shrink_seconds
+    _terminate_as_interrupt(session)
     config.stash[SESSION_KEY] = session
     return session
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what CI sends on a timeout), handled as pytest handles Ctrl-C: the session
+    ends, and ``pytest_sessionfinish`` still writes the report."""
+
+
+def _terminate_as_interrupt(session: HarnessSession) -> None:
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def terminate(signum: int, frame: Any) -> None:
+        if session.interrupted is None:
+            session.interrupted = "interrupted by SIGTERM"
+        raise Terminated("SIGTERM")
+
+    signal.signal(signal.SIGTERM, terminate)
 
 
 def _command(config: pytest.Config) -> str:
@@ -149,6 +182,12 @@ def tim(request: pytest.FixtureRequest) -> HarnessSession:
 def model(tim: HarnessSession) -> Any:
     """The model under test (``conformance.models.ModelInfo``)."""
     return tim.model_info
+
+
+@pytest.fixture(scope="session")
+def depth(tim: HarnessSession) -> Any:
+    """How far the property search reaches (``conformance.depth.Depth``)."""
+    return tim.spec.depth
 
 
 @pytest.fixture(scope="session")
@@ -191,6 +230,22 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 # -- hooks: turn each test using the recorder into a check ---------------------------------
+_RECORD_KEY = pytest.StashKey[Any]()
+_OUTCOME_KEY = pytest.StashKey[tuple[Any, BaseException | None]]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    checks = [i for i in items if "recorder" in getattr(i, "fixturenames", ())]
+    if checks and SESSION_KEY not in config.stash:
+        # the harness sets Hypothesis's settings (no deadline, the example count) before test
+        # modules are imported, which only a configured run does
+        raise pytest.UsageError(
+            f"{len(checks)} test(s) use the tim-conformance recorder but no tim-conformance "
+            "option is set (fix: pass e.g. --tim-engine hf-generate, or set tim_* keys in "
+            "pytest.ini or [tool.tim-conformance] in pyproject.toml)"
+        )
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     session = item.config.stash.get(SESSION_KEY, None)
@@ -201,23 +256,67 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     with session.check(suite, item.name, item.nodeid) as record:
         item.stash[_RECORD_KEY] = record
         yield
-        status, message = item.stash.get(_STATUS_KEY, ("error", "not run"))
-        session.finish_check(record, status, message)
+        from conformance.outcome import Outcome
 
-
-_RECORD_KEY = pytest.StashKey[Any]()
+        interrupted = Outcome("interrupted", session.interrupted or "interrupted")
+        outcome, exc = item.stash.get(_OUTCOME_KEY, (interrupted, None))
+        session.finish_check(record, outcome, exc)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    result = yield
     record = item.stash.get(_RECORD_KEY, None)
-    if record is not None and record.examples_run:
-        item.config.stash[SESSION_KEY].recorder.check_pooled()
+    if record is None:
+        return (yield)
+    recorder = item.config.stash[SESSION_KEY].recorder
+    with _watching_examples(item, recorder):
+        result = yield
+    if record.examples_run:
+        try:
+            recorder.check_pooled()
+        except AssertionError as exc:
+            recorder.example_failed(exc)
+            raise
     return result
 
 
-_STATUS_KEY = pytest.StashKey[tuple[str, str]]()
+@contextmanager
+def _watching_examples(item: pytest.Item, recorder: Any) -> Iterator[None]:
+    """Bracket every example the test runs — each Hypothesis example, or the one call of a
+    plain test — so the recorder knows which case failed and how long shrinking took."""
+    function = getattr(item, "obj", None)
+    hypothesis = getattr(function, "hypothesis", None)
+
+    def watched(run: Any) -> Any:
+        def example(*args: Any, **kwargs: Any) -> Any:
+            recorder.begin_example()
+            try:
+                return run(*args, **kwargs)
+            except BaseException as exc:
+                recorder.example_failed(exc)
+                raise
+            finally:
+                recorder.example_ended()
+
+        return example
+
+    if hypothesis is None:
+        recorder.begin_example()
+        try:
+            yield
+        except BaseException as exc:
+            recorder.example_failed(exc)
+            raise
+        finally:
+            recorder.example_ended()
+        return
+    # Hypothesis calls ``inner_test`` once per example and lets plugins replace it
+    inner = hypothesis.inner_test
+    hypothesis.inner_test = watched(inner)
+    try:
+        yield
+    finally:
+        hypothesis.inner_test = inner
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -225,30 +324,26 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     if _RECORD_KEY not in item.stash:
         return
-    report = outcome.get_result()
-    status, message = _status(report, call)
-    if status is None:
+    judged = _judge(outcome.get_result(), call)
+    if judged is None:
         return
-    previous = item.stash.get(_STATUS_KEY, None)
+    previous = item.stash.get(_OUTCOME_KEY, None)
     # the first non-pass phase decides; a pass in "call" is final unless teardown errs
-    if previous is None or (previous[0] == "pass" and status != "pass"):
-        item.stash[_STATUS_KEY] = (status, message)
+    if previous is None or (previous[0].status == "pass" and judged[0].status != "pass"):
+        item.stash[_OUTCOME_KEY] = judged
 
 
-def _status(report: pytest.TestReport, call: pytest.CallInfo[None]) -> tuple[Any, str]:
+def _judge(report: pytest.TestReport, call: pytest.CallInfo[None]) -> Any:
+    from conformance.outcome import Outcome, classify
+
     if report.skipped:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        return "skip", reason.removeprefix("Skipped: ")
+        return Outcome("skip", reason.removeprefix("Skipped: ")), None
     if report.when == "call" and report.passed:
-        return "pass", ""
-    if report.failed:
-        excinfo = call.excinfo
-        if excinfo is not None and excinfo.errisinstance(AssertionError):
-            return "fail", str(excinfo.value).splitlines()[0]
-        text = str(excinfo.value).splitlines()[0] if excinfo and str(excinfo.value) else ""
-        name = excinfo.typename if excinfo else "error"
-        return "error", f"{name}: {text}"
-    return None, ""
+        return Outcome("pass", ""), None
+    if report.failed and call.excinfo is not None:
+        return classify(call.excinfo.value), call.excinfo.value
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -256,6 +351,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     harness = session.config.stash.get(SESSION_KEY, None)
     if harness is None:
         return
+    if exitstatus == pytest.ExitCode.INTERRUPTED and harness.interrupted is None:
+        harness.interrupted = "interrupted (Ctrl-C)"
     harness.close()
     harness.final_report = harness.write_report()
     if harness.report_dir is not None:

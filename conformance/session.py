@@ -9,9 +9,8 @@ import json
 import random
 import shlex
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,132 +18,9 @@ from conformance.backends import BACKENDS, Backend
 from conformance.engines import ENGINES, Engine
 from conformance.errors import ConformanceError, EngineCrashed, EngineUnavailable
 from conformance.guard import CallTimedOut, Guarded, deadline
+from conformance.outcome import Outcome
+from conformance.recorder import CheckRecord, Recorder
 from conformance.stack import StackSpec, fingerprint
-
-#: token-level points kept per check for the report's plots; the rest stay in results.jsonl
-MAX_SAMPLES = 2000
-#: bounds on single tokens and single sequences: checked on every example, so Hypothesis can
-#: shrink a violation to a minimal reproducer. The other metrics are averages, spreads,
-#: correlations and KLs of a token *population* — one token's ρ is not a mean ρ — so they are
-#: checked on all of a test's tokens pooled, after its last example.
-PER_EXAMPLE_METRICS = frozenset(
-    {"abs_diff_max", "prob_diff_max", "rho_max", "rho_min", "seq_log_ratio_abs_max"}
-)
-
-
-@dataclass
-class CheckRecord:
-    """What one conformance test measured, pooled over its Hypothesis examples."""
-
-    suite: str
-    name: str
-    nodeid: str
-    lp_train: list[list[float]] = field(default_factory=list)
-    lp_infer: list[list[float]] = field(default_factory=list)
-    positions: list[list[int]] = field(default_factory=list)
-    extra: dict[str, float] = field(default_factory=dict)
-    worst: tuple[float, dict[str, Any], dict[str, float]] | None = None
-    failing_case: dict[str, Any] | None = None
-    failing_metrics: dict[str, float] | None = None
-    examples_run: int = 0
-
-    def pooled(self) -> dict[str, float]:
-        """Mismatch metrics over every token measured so far, plus notes."""
-        from conformance.metrics import mismatch_metrics, stack_ragged
-
-        metrics: dict[str, float] = {}
-        if self.lp_train:
-            train, mask = stack_ragged(self.lp_train)
-            infer, _ = stack_ragged(self.lp_infer)
-            metrics = mismatch_metrics(train, infer, mask)
-        return {**metrics, **self.extra}
-
-
-class Recorder:
-    """What suites call to measure; streams each measurement as it is taken."""
-
-    def __init__(self, session: HarnessSession) -> None:
-        self._session = session
-        self.current: CheckRecord | None = None
-
-    def measure(
-        self,
-        lp_train: Sequence[Sequence[float]],
-        lp_infer: Sequence[Sequence[float]],
-        *,
-        case: dict[str, Any],
-        positions: Sequence[Sequence[int]] | None = None,
-    ) -> dict[str, float]:
-        """Record token-aligned logprob rows of one example; return its mismatch metrics."""
-        from conformance.metrics import mismatch_metrics, stack_ragged
-
-        record = self._require_check()
-        train_rows, infer_rows = _float_rows(lp_train), _float_rows(lp_infer)
-        train, mask = stack_ragged(train_rows)
-        infer, _ = stack_ragged(infer_rows)
-        metrics = mismatch_metrics(train, infer, mask)
-        record.examples_run += 1
-        record.lp_train.extend(train_rows)
-        record.lp_infer.extend(infer_rows)
-        record.positions.extend(
-            [list(p) for p in positions] if positions else [list(range(len(r))) for r in lp_train]
-        )
-        severity = metrics["abs_diff_max"]
-        if record.worst is None or severity > record.worst[0]:
-            record.worst = (severity, case, metrics)
-        self._session.log(
-            event="measurement",
-            suite=record.suite,
-            nodeid=record.nodeid,
-            case=case,
-            metrics=metrics,
-        )
-        return metrics
-
-    def note(self, **values: float) -> None:
-        """Record extra per-check numbers (e.g. a simulated floor) next to the metrics."""
-        record = self._require_check()
-        record.extra.update(values)
-        self._session.log(event="note", nodeid=record.nodeid, values=values)
-
-    def check_profile(self, metrics: dict[str, float], case: dict[str, Any]) -> None:
-        """Assert the profile's per-token/per-sequence bounds on one example; the failure names
-        metric, value, threshold, case and replay command."""
-        per_example = {k: v for k, v in metrics.items() if k in PER_EXAMPLE_METRICS}
-        violations = self._session.profile.check(per_example)
-        if violations:
-            self.fail(
-                f"{_describe(violations)} (profile {self._session.profile.name})", case, metrics
-            )
-
-    def check_pooled(self) -> None:
-        """Assert the profile's population metrics over every token the test measured."""
-        record = self._require_check()
-        pooled = record.pooled()
-        violations = self._session.profile.check(
-            {k: v for k, v in pooled.items() if k not in PER_EXAMPLE_METRICS}
-        )
-        if violations and record.worst is not None:
-            self.fail(
-                f"{_describe(violations)} over all {record.examples_run} examples pooled "
-                f"(profile {self._session.profile.name}); worst example below",
-                record.worst[1],
-                record.worst[2],
-            )
-
-    def fail(self, headline: str, case: dict[str, Any], metrics: dict[str, float]) -> None:
-        """Fail the current example with a message that carries its minimal reproducer."""
-        record = self._require_check()
-        record.failing_case, record.failing_metrics = case, metrics
-        replay = self._session.replay_command(record.nodeid)
-        raise AssertionError(
-            f"{record.suite}: {headline}\n  case: {json.dumps(case)}\n  replay: {replay}"
-        )
-
-    def _require_check(self) -> CheckRecord:
-        if self.current is None:
-            raise RuntimeError("the recorder is only usable inside a conformance test")
-        return self.current
 
 
 class HarnessSession:
@@ -160,9 +36,11 @@ class HarnessSession:
         self.report_dir = report_dir
         self.command = command
         self.profile = load_profile(spec.profile)
-        self.recorder = Recorder(self)
+        self.recorder = Recorder(self.profile, log=self.log, replay=self.replay_command)
         self.checks: list[dict[str, Any]] = []
         self.crash: str | None = None
+        #: why the run was cut short (a signal, Ctrl-C), if it was
+        self.interrupted: str | None = None
         self.final_report: dict[str, Any] | None = None
         #: the RL smoke run's summary, with ``curves_path`` relative to the report folder
         self.rl: dict[str, Any] | None = None
@@ -227,6 +105,16 @@ class HarnessSession:
     def backend(self) -> Backend:
         return self.backend_variant()
 
+    @contextmanager
+    def backend_for(self, model: Path) -> Iterator[Backend]:
+        """A backend like the stack's on another model folder, closed when the block ends."""
+        config = self.spec.backend_config(model)
+        backend = self._start("backend", self.spec.backend, BACKENDS, config, (("model", model),))
+        try:
+            yield backend
+        finally:
+            backend.close()
+
     def _start(self, kind: str, name: str, registry: Any, config: Any, key: tuple) -> Guarded:
         """Build a component within the call deadline; a failure to start ends the run.
 
@@ -239,11 +127,7 @@ class HarnessSession:
         try:
             with deadline(self.spec.call_timeout, f"starting {kind} {name!r}"):
                 inner = component_cls(config)
-        except ConformanceError as exc:
-            if not key:
-                # the stack as given cannot be built (a bad option, say): nothing can be
-                # measured, so the run ends with this one reason instead of an error per test
-                self._on_crash(f"{kind} {name!r} cannot start: {exc}")
+        except ConformanceError:
             raise
         except (Exception, CallTimedOut) as exc:
             # no engine or backend means no measurement: the rest is skipped, not errored
@@ -294,30 +178,42 @@ class HarnessSession:
 
     @contextmanager
     def check(self, suite: str, name: str, nodeid: str) -> Iterator[CheckRecord]:
-        record = CheckRecord(suite=suite, name=name, nodeid=nodeid)
+        record = CheckRecord(suite=suite, name=name, nodeid=nodeid, started=time.perf_counter())
         self.recorder.current = record
         try:
             yield record
         finally:
             self.recorder.current = None
 
-    def finish_check(self, record: CheckRecord, status: str, message: str) -> dict[str, Any]:
+    def finish_check(
+        self, record: CheckRecord, outcome: Outcome, exc: BaseException | None
+    ) -> dict[str, Any]:
+        """Turn a finished check into its report entry. A failed check records the case of the
+        failure it names (Hypothesis's final, shrunk example), else its worst example."""
         metrics = record.pooled()
-        case = record.failing_case or (record.worst[1] if record.worst else None)
+        failure = record.failure_for(exc) if outcome.status != "pass" else None
+        case, case_metrics = (
+            (failure.case, failure.metrics)
+            if failure is not None and failure.case is not None
+            else (record.worst[1], record.worst[2])
+            if record.worst
+            else (None, None)
+        )
         entry = {
             "suite": record.suite,
             "name": record.name,
             "nodeid": record.nodeid,
-            "status": status,
-            "message": message,
+            "status": outcome.status,
+            "message": outcome.message,
             "metrics": metrics,
             "thresholds": {k: v for k, v in self.profile.thresholds.items() if k in metrics},
             "violations": [v.__dict__ for v in self.profile.check(metrics)] if metrics else [],
             "worst_case": {**case, "replay": self.replay_command(record.nodeid)} if case else None,
-            "worst_case_metrics": record.failing_metrics
-            or (record.worst[2] if record.worst else None),
-            "samples": _samples(record),
+            "worst_case_metrics": case_metrics,
+            "shrink": record.shrink(self.spec.shrink_seconds),
+            "samples": record.samples(),
             "examples_run": record.examples_run,
+            "seconds": round(time.perf_counter() - record.started, 3),
         }
         self.checks.append(entry)
         self.log(event="check", **{k: v for k, v in entry.items() if k != "samples"})
@@ -329,15 +225,21 @@ class HarnessSession:
 
     # -- the summary ---------------------------------------------------------------------
     def verdict(self) -> tuple[str, str | None]:
+        """``fail`` when any property was violated — even if the run was then cut short, since
+        the stack is known to be broken; else ``incomplete`` when the run could not finish
+        (the stack crashed or hung, a check errored, the run was interrupted); else ``pass``."""
         statuses = [c["status"] for c in self.checks]
-        if self.crash is not None:
-            measured = sum(1 for c in self.checks if c["metrics"])
-            return "incomplete", f"{self.crash} ({measured} checks measured)"
-        if "error" in statuses:
-            errored = [c["nodeid"] for c in self.checks if c["status"] == "error"]
-            return "incomplete", f"{len(errored)} check(s) errored: {', '.join(errored)}"
+        unfinished = self.crash or self.interrupted
         if "fail" in statuses:
-            return "fail", None
+            return "fail", f"and the run did not finish: {unfinished}" if unfinished else None
+        if unfinished:
+            measured = sum(1 for c in self.checks if c["metrics"])
+            return "incomplete", f"{unfinished} ({measured} checks measured)"
+        if "error" in statuses:
+            errored = [c for c in self.checks if c["status"] == "error"]
+            return "incomplete", f"{len(errored)} check(s) errored: " + "; ".join(
+                f"{c['nodeid']}: {c['message']}" for c in errored[:3]
+            )
         if "pass" not in statuses:
             return "incomplete", "no check ran"
         return "pass", None
@@ -353,6 +255,7 @@ class HarnessSession:
             "command": self.command,
             "seed": self.seed,
             "examples": self.spec.examples,
+            "depth": self.spec.depth.name,
             "stack": fingerprint(self.spec, self.model_info, engine_info, backend_info),
             "profile": {
                 "name": self.profile.name,
@@ -384,40 +287,9 @@ class HarnessSession:
         return report
 
 
-def _describe(violations: Sequence[Any]) -> str:
-    return "; ".join(
-        f"{v.metric} = {v.value:.4g} {'>' if v.bound == 'max' else '<'} {v.threshold:.4g}"
-        for v in violations
-    )
-
-
 def _hashable(value: Any) -> Any:
     return tuple(sorted(value.items())) if isinstance(value, dict) else value
 
 
-def _float_rows(rows: Sequence[Any]) -> list[list[float]]:
-    return [row.tolist() if hasattr(row, "tolist") else [float(v) for v in row] for row in rows]
-
-
 def new_seed() -> int:
     return random.SystemRandom().randrange(2**32)
-
-
-def _samples(record: CheckRecord) -> dict[str, list[float]] | None:
-    """Evenly down-sample the pooled token points to at most MAX_SAMPLES, deterministically."""
-    points = [
-        (t, i, p)
-        for train, infer, pos in zip(
-            record.lp_train, record.lp_infer, record.positions, strict=True
-        )
-        for t, i, p in zip(train, infer, pos, strict=True)
-    ]
-    if not points:
-        return None
-    stride = max(1, -(-len(points) // MAX_SAMPLES))
-    kept = points[::stride]
-    return {
-        "lp_train": [p[0] for p in kept],
-        "lp_infer": [p[1] for p in kept],
-        "position": [p[2] for p in kept],
-    }

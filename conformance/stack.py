@@ -15,6 +15,7 @@ from typing import Any
 
 from conformance import __version__
 from conformance.backends import BackendConfig
+from conformance.depth import Depth, depth
 from conformance.dtypes import canonical_dtype, implied_profile
 from conformance.engines import EngineConfig, LogprobKind
 from conformance.errors import UsageError
@@ -53,6 +54,9 @@ class StackSpec:
     backend_dtype: str = "float32"
     profile: str = "fp32"
     examples: int = 20
+    depth: Depth = field(default_factory=lambda: depth("quick"))
+    #: seconds Hypothesis may spend shrinking a failure
+    shrink_seconds: float = 60.0
     logprobs: LogprobKind = LogprobKind.RAW
     engine_options: dict[str, str] = field(default_factory=dict)
     backend_micro_batch: int = 8
@@ -83,6 +87,8 @@ class StackSpec:
             backend_dtype=backend_dtype,
             profile=values["profile"] or implied_profile(engine_dtype, backend_dtype),
             examples=_positive_int("examples", values["examples"]),
+            depth=depth(values["depth"]),
+            shrink_seconds=_positive_number("shrink-seconds", values["shrink-seconds"]),
             logprobs=logprobs,
             engine_options=options,
             backend_micro_batch=_positive_int("backend-micro-batch", values["backend-micro-batch"]),
@@ -90,6 +96,19 @@ class StackSpec:
             backend_options=parse_key_values(values["backend-option"], what="backend option"),
             call_timeout=_positive_number("call-timeout", values["call-timeout"]),
         )
+
+    def preflight(self) -> None:
+        """Fail fast, before anything starts, on what the user can fix: the profile, the engine
+        and backend (installed, options they take), the model folder."""
+        from conformance.backends import BACKENDS
+        from conformance.engines import ENGINES
+        from conformance.models import inspect_model
+        from conformance.profiles import load_profile
+
+        load_profile(self.profile)
+        ENGINES.get(self.engine).check_options(self.engine_options)
+        BACKENDS.get(self.backend).check_options(self.backend_options)
+        inspect_model(self.model_dir())
 
     def model_dir(self) -> Path:
         if self.model is not None:
@@ -125,6 +144,10 @@ class StackSpec:
             args += ["--tim-model", str(self.model)]
         args += ["--tim-engine-dtype", self.engine_dtype, "--tim-backend-dtype", self.backend_dtype]
         args += ["--tim-profile", self.profile, "--tim-examples", str(self.examples)]
+        if self.depth.name != "quick":
+            args += ["--tim-depth", self.depth.name]
+        if self.shrink_seconds != StackSpec.shrink_seconds:
+            args += ["--tim-shrink-seconds", f"{self.shrink_seconds:g}"]
         if self.logprobs is not LogprobKind.RAW:
             args += ["--tim-logprobs", self.logprobs.value]
         for key, value in sorted(self.engine_options.items()):

@@ -1,9 +1,13 @@
-"""Hypothesis strategies for conformance properties: token prompts, batch shapes, sampling
-specs and precisions. Each accepts plain values or strategies and shrinks towards the simplest
-case (short prompts of low token ids, batch size 1, temperature 1)."""
+"""Hypothesis strategies for conformance properties: token prompts, batch shapes (independent
+prompts, GRPO groups of one prompt repeated, prompts sharing a system prefix), sampling specs and
+precisions. Each accepts plain values or strategies and shrinks towards the simplest case (short
+prompts of the lowest token id, one sequence, temperature 1). Sizes are log-uniform
+(:func:`log_sizes`) so long cases are reached without dominating a run's time."""
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -18,22 +22,33 @@ from conformance.errors import UsageError
 T = TypeVar("T")
 
 #: default dimensions of sampling specs; the first value of each is what shrinking reaches
-NEW_TOKENS = st.integers(1, 16)
 TEMPERATURES = st.sampled_from([1.0, 0.7, 0.5, 1.3])
 TOP_PS = st.sampled_from([1.0, 0.9, 0.5])
 TOP_KS = st.sampled_from([0, 20])
 SEEDS = st.integers(0, 2**31 - 1)
 #: lengths of repeated-token runs in a sequence; 1 = no repetition
 _RUN_LENGTHS = st.sampled_from([1, 2, 4, 8])
+#: GRPO samples n responses per prompt (n = 8–16 in the seeds), so a rollout batch repeats
+#: each prompt n times, next to each other as verl and TRL lay them out
+GROUP_SIZES = (2, 4, 8, 16)
 PaddingSide = Literal["left", "right"]
+#: how a batch's prompts relate: independent; ``grouped`` (each prompt repeated ``group_size``
+#: times, GRPO); ``shared-prefix`` (one system prompt of ``prefix_len`` tokens, then each its own
+#: suffix: what prefix caching serves). The first is what shrinking reaches.
+BatchKind = Literal["independent", "grouped", "shared-prefix"]
+BATCH_KINDS: tuple[BatchKind, ...] = ("independent", "grouped", "shared-prefix")
 
 
 @dataclass(frozen=True)
 class BatchShape:
-    """How a batch is laid out: one length per sequence, and where the padding goes."""
+    """How a batch is laid out: one length per sequence, where the padding goes, and how the
+    prompts relate (``kind``; ``group_size`` for grouped, ``prefix_len`` for shared-prefix)."""
 
     lengths: tuple[int, ...]
     padding_side: PaddingSide
+    kind: BatchKind = "independent"
+    group_size: int = 1
+    prefix_len: int = 0
 
     @property
     def batch_size(self) -> int:
@@ -44,6 +59,9 @@ class BatchShape:
             "batch_size": self.batch_size,
             "lengths": list(self.lengths),
             "padding_side": self.padding_side,
+            "kind": self.kind,
+            "group_size": self.group_size,
+            "prefix_len": self.prefix_len,
         }
 
 
@@ -56,6 +74,32 @@ def _check_range(name: str, low: int, high: int, floor: int) -> None:
         raise UsageError(f"{name}: min {low} < {floor}", f"use a minimum of at least {floor}")
     if high < low:
         raise UsageError(f"{name}: max {high} < min {low}", "make max >= min")
+
+
+def log_sizes(low: int, high: int) -> SearchStrategy[int]:
+    """Return a strategy for integers in ``[low, high]``, log-uniformly distributed.
+
+    An octave ``[low·2^k, low·2^(k+1))`` is drawn uniformly, then a value in it, so each octave
+    is equally likely: with 1–2048 new tokens, a run of 20 examples reaches the top octave about
+    twice, and most examples stay cheap. Shrinks towards ``low``.
+
+    >>> log_sizes(1, 128).example()  # doctest: +SKIP
+    37
+    """
+    _check_range("log_sizes", low, high, 1)
+    octaves = int(math.log2(high / low)) + 1
+
+    @st.composite
+    def build(draw: st.DrawFn) -> int:
+        octave = draw(st.integers(0, octaves - 1))
+        start = low << octave
+        return draw(st.integers(start, min(high, 2 * start - 1)))
+
+    return build()
+
+
+#: rollout lengths of :func:`sampling_specs` unless given (suites draw theirs from the depth)
+NEW_TOKENS = log_sizes(1, 16)
 
 
 def token_ids(
@@ -92,11 +136,12 @@ def token_sequences(
 ) -> SearchStrategy[list[int]]:
     """Return a strategy for one prompt as token ids, ``min_len``..``max_len`` long.
 
-    The bulk of the ids comes from one block of bytes (one Hypothesis choice, not one per
-    token: drawing token by token cost most of a certify run). Often the sequence is
-    made of runs of a repeated token (repetition stresses KV-cache reuse and attention over
-    identical keys), and up to four positions are overwritten with vocabulary edges or special
-    ids. Shrinks towards ``[min_id] * min_len``.
+    The length is log-uniform (:func:`log_sizes`). The ids come from a drawn seed (Hypothesis
+    caps one example's entropy at 8 KiB, far below a 4,000-token prompt drawn id by id); seed 0
+    gives ``min_id`` everywhere, the simplest sequence. Often the sequence is made of runs of a
+    repeated token (repetition stresses KV-cache reuse and attention over identical keys), and
+    up to four positions are overwritten with vocabulary edges or special ids. Shrinks towards
+    ``[min_id] * min_len``.
 
     - vocab_size / special_ids / min_id: as for :func:`token_ids`.
     - min_len, max_len: length bounds; ``max_len`` may be a strategy.
@@ -110,7 +155,7 @@ def token_sequences(
     def build(draw: st.DrawFn) -> list[int]:
         high = draw(_as_strategy(max_len))
         _check_range("token_sequences length", min_len, high, 1)
-        length = draw(st.integers(min_len, high))
+        length = draw(log_sizes(min_len, high))
         return _draw_ids(draw, length, vocab_size, min_id, special_ids)
 
     return build()
@@ -119,15 +164,13 @@ def token_sequences(
 def _draw_ids(
     draw: st.DrawFn, length: int, vocab_size: int, min_id: int, special_ids: Sequence[int]
 ) -> list[int]:
-    """``length`` ids as :func:`token_sequences` describes, drawn without building strategies
-    per sequence (that construction dominated the cost of a batch)."""
-    span = vocab_size - min_id
-    width = 2 if span <= 2**16 else 4
-    block = draw(st.binary(min_size=width * length, max_size=width * length))
-    tokens = [
-        min_id + int.from_bytes(block[i : i + width], "little") % span
-        for i in range(0, width * length, width)
-    ]
+    """``length`` ids as :func:`token_sequences` describes."""
+    seed = draw(st.integers(0, 2**32 - 1))
+    if seed:
+        rng = random.Random(seed)
+        tokens = rng.choices(range(min_id, vocab_size), k=length)
+    else:
+        tokens = [min_id] * length
     run = draw(_RUN_LENGTHS)
     tokens = [tokens[i - i % run] for i in range(length)]
     markers = sorted({min_id, vocab_size - 1, max(min_id, vocab_size - 2), *special_ids})
@@ -144,22 +187,52 @@ def batch_shapes(
     min_len: int = 1,
     max_len: int = 64,
     padding_sides: Sequence[PaddingSide] = ("left", "right"),
+    kinds: Sequence[BatchKind] = BATCH_KINDS,
 ) -> SearchStrategy[BatchShape]:
-    """Return a strategy for batch layouts: size, ragged lengths, padding side.
+    """Return a strategy for batch layouts: size and ragged lengths (log-uniform), padding side,
+    and how the prompts relate (``kinds``, see :data:`BatchKind`).
 
-    Shrinks towards one sequence of length ``min_len``, padded on the first side given.
+    A grouped batch repeats each of its prompts ``group_size`` times, so its size is a multiple
+    of the group; a shared-prefix batch draws one prefix length for all. Shrinks towards one
+    independent sequence of length ``min_len``, padded on the first side given.
     """
     _check_range("batch_shapes batch", min_batch, max_batch, 1)
     _check_range("batch_shapes length", min_len, max_len, 1)
     if not padding_sides:
         raise UsageError("batch_shapes: padding_sides is empty", "pass ('left',) or ('right',)")
-    return st.builds(
-        BatchShape,
-        lengths=st.lists(st.integers(min_len, max_len), min_size=min_batch, max_size=max_batch).map(
-            tuple
-        ),
-        padding_side=st.sampled_from(tuple(padding_sides)),
-    )
+    if not kinds or not set(kinds) <= set(BATCH_KINDS):
+        raise UsageError(f"batch_shapes: kinds {kinds!r}", f"pass some of {BATCH_KINDS}")
+
+    groups = [g for g in GROUP_SIZES if -(-min_batch // g) * g <= max_batch]
+    possible = {
+        "independent": True,
+        "grouped": bool(groups),
+        "shared-prefix": max_batch >= 2 and max_len >= 2,
+    }
+    usable = tuple(k for k in kinds if possible[k]) or ("independent",)
+
+    @st.composite
+    def build(draw: st.DrawFn) -> BatchShape:
+        kind = draw(st.sampled_from(usable))
+        side = draw(st.sampled_from(tuple(padding_sides)))
+        if kind == "grouped":
+            group = draw(st.sampled_from(groups))
+            prompts = draw(log_sizes(max(1, -(-min_batch // group)), max_batch // group))
+            distinct = [draw(log_sizes(min_len, max_len)) for _ in range(prompts)]
+            lengths = tuple(n for n in distinct for _ in range(group))
+            return BatchShape(lengths, side, "grouped", group_size=group)
+        size = draw(log_sizes(min_batch, max_batch))
+        if kind == "shared-prefix":
+            prefix = draw(log_sizes(1, max_len - 1))
+            suffixes = [draw(log_sizes(max(1, min_len - prefix), max_len - prefix))
+                        for _ in range(size)]  # fmt: skip
+            return BatchShape(
+                tuple(prefix + n for n in suffixes), side, "shared-prefix", prefix_len=prefix
+            )
+        lengths = tuple(draw(log_sizes(min_len, max_len)) for _ in range(size))
+        return BatchShape(lengths, side)
+
+    return build()
 
 
 def token_batches(
@@ -168,14 +241,24 @@ def token_batches(
     shape: BatchShape | SearchStrategy[BatchShape] | None = None,
     special_ids: Sequence[int] = (),
 ) -> SearchStrategy[tuple[BatchShape, list[list[int]]]]:
-    """Return a strategy for ``(shape, prompts)``: prompts of exactly the shape's lengths."""
+    """Return a strategy for ``(shape, prompts)``: prompts of exactly the shape's lengths,
+    repeated within groups and sharing the prefix as the shape's kind says."""
     shapes = _as_strategy(shape) if shape is not None else batch_shapes()
 
     @st.composite
     def build(draw: st.DrawFn) -> tuple[BatchShape, list[list[int]]]:
         drawn = draw(shapes)
-        prompts = [_draw_ids(draw, n, vocab_size, 0, special_ids) for n in drawn.lengths]
-        return drawn, prompts
+
+        def ids(n: int) -> list[int]:
+            return _draw_ids(draw, n, vocab_size, 0, special_ids)
+
+        if drawn.kind == "grouped":
+            distinct = [ids(n) for n in drawn.lengths[:: drawn.group_size]]
+            return drawn, [list(p) for p in distinct for _ in range(drawn.group_size)]
+        if drawn.kind == "shared-prefix":
+            prefix = ids(drawn.prefix_len)
+            return drawn, [prefix + ids(n - drawn.prefix_len) for n in drawn.lengths]
+        return drawn, [ids(n) for n in drawn.lengths]
 
     return build()
 

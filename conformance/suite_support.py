@@ -1,5 +1,5 @@
-"""What the suites share: drawing a batch sized to the model, aligning rollout positions, and
-describing a case so a failure can be replayed."""
+"""What the suites share: drawing batches and rollout lengths sized to the model and the search
+depth, aligning rollout positions, and describing a case so a failure can be replayed."""
 
 from __future__ import annotations
 
@@ -8,36 +8,38 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from conformance.engines.base import Completion, SamplingSpec
-from conformance.strategies import BatchShape, batch_shapes, token_batches
-
-#: prompt length cap for property runs: long enough for real attention patterns, short enough
-#: that 20 examples stay fast on two CPU cores; --tim-model with a bigger limit keeps this cap
-MAX_PROMPT_LEN = 256
+from conformance.depth import Depth
+from conformance.engines.base import Completion
+from conformance.strategies import (
+    BATCH_KINDS,
+    BatchKind,
+    BatchShape,
+    batch_shapes,
+    log_sizes,
+    token_batches,
+)
 
 
 def prompt_batches(
-    model: Any, *, max_new_tokens: int = 0, min_len: int = 1, max_batch: int = 8
+    model: Any,
+    depth: Depth,
+    *,
+    max_new_tokens: int = 0,
+    min_len: int = 1,
+    max_batch: int | None = None,
+    kinds: Sequence[BatchKind] = BATCH_KINDS,
 ) -> st.SearchStrategy[tuple[BatchShape, list[list[int]]]]:
-    """Batches of prompts that fit the model's context together with ``max_new_tokens``."""
-    limit = min(MAX_PROMPT_LEN, model.max_position_embeddings - max_new_tokens)
-    shapes = batch_shapes(min_len=min_len, max_len=limit, max_batch=max_batch)
+    """Batches of prompts as large as ``depth`` reaches (``max_batch`` caps the size below it)
+    that fit the model's context together with ``max_new_tokens``."""
+    limit = depth.prompt_limit(model.max_position_embeddings, max_new_tokens)
+    batch = depth.max_batch if max_batch is None else min(max_batch, depth.max_batch)
+    shapes = batch_shapes(min_len=min_len, max_len=limit, max_batch=batch, kinds=kinds)
     return token_batches(model.vocab_size, shape=shapes, special_ids=model.special_token_ids)
 
 
-def case(
-    prompts: Sequence[Sequence[int]],
-    shape: BatchShape | None = None,
-    sampling: SamplingSpec | None = None,
-    **extra: Any,
-) -> dict[str, Any]:
-    """The reproducer recorded with a measurement: prompt ids, batch shape, sampling spec."""
-    return {
-        "prompt_ids": [list(p) for p in prompts],
-        "batch_shape": shape.as_dict() if shape else {"batch_size": len(prompts)},
-        "sampling": sampling.as_dict() if sampling else None,
-        **extra,
-    }
+def new_tokens(depth: Depth) -> st.SearchStrategy[int]:
+    """Rollout lengths up to the depth's, log-uniform."""
+    return log_sizes(1, depth.max_new_tokens)
 
 
 def generated_rows(

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-#: metrics shown in the terminal table, most telling first
-HEADLINE_METRICS = ("abs_diff_max", "abs_diff_mean", "rho_std", "k3", "pcc")
+from conformance.metric_table import HEADLINE_METRICS
+
 _VERDICT_WORDS = {"pass": "CERTIFIED", "fail": "NOT CERTIFIED", "incomplete": "INCOMPLETE"}
 
 
@@ -32,8 +32,14 @@ def verdict_lines(report: dict[str, Any], report_dir: Path | None) -> list[str]:
         reasons = sorted({c["message"] for c in skipped})
         lines.append(f"skipped {len(skipped)}: {'; '.join(reasons[:3])}")
     for check in report["checks"]:
-        if check["status"] in ("fail", "error"):
+        if check["status"] in ("fail", "error", "interrupted"):
             lines.append(f"{check['status'].upper()} {check['nodeid']}: {check['message']}")
+            shrink = check.get("shrink") or {}
+            if shrink.get("cut_short"):
+                lines.append(
+                    f"  shrinking cut short after {shrink['seconds']:.0f} s: the recorded case "
+                    "may not be minimal (--shrink-seconds)"
+                )
     stack = report["stack"]
     verdict = f"verdict: {_VERDICT_WORDS[report['verdict']]}"
     if report["reason"]:

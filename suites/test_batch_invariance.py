@@ -1,40 +1,43 @@
 """Batch invariance.
 
 A sequence's log-probabilities do not depend on what else is in the batch: scored alone and
-scored at any position inside batches of other sizes and compositions, by the engine and by the
-backend (at any micro-batch size). Under the ``exact`` profile this demands bitwise equality;
-the fraction of positions that differ is always recorded (1 − exact_match_rate).
+scored at any position inside batches of other sizes and compositions (up to the search depth's
+batch size), by the engine and by the backend (at any micro-batch size). Under the ``exact``
+profile this demands bitwise equality; the fraction of positions that differ is always recorded
+(1 − exact_match_rate).
 """
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.suite_support import case, prompt_batches
+from conformance.suite_support import prompt_batches
 
 
-def _draw_placement(data, model):
-    shape, others = data.draw(prompt_batches(model, min_len=2, max_batch=7), label="others")
-    (target,) = data.draw(prompt_batches(model, min_len=2, max_batch=1), label="target")[1]
+def _draw_placement(data, model, depth):
+    shape, others = data.draw(
+        prompt_batches(model, depth, min_len=2, max_batch=depth.max_batch - 1), label="others"
+    )
+    (target,) = data.draw(prompt_batches(model, depth, min_len=2, max_batch=1), label="target")[1]
     index = data.draw(st.integers(0, len(others)), label="index")
     return shape, target, [*others[:index], target, *others[index:]], index
 
 
 @given(data=st.data())
-def test_engine_batch_invariance(data, engine, model, recorder):
-    shape, target, batch, index = _draw_placement(data, model)
+def test_engine_batch_invariance(data, engine, model, depth, recorder):
+    shape, target, batch, index = _draw_placement(data, model, depth)
+    recorder.case(batch, shape, target_index=index)
 
     alone = engine.score([target])
     in_batch = [engine.score(batch)[index]]
 
-    example = case(batch, shape, target_index=index)
-    metrics = recorder.measure(alone, in_batch, case=example)
-    recorder.check_profile(metrics, example)
+    recorder.check_profile(recorder.measure(alone, in_batch))
 
 
 @given(data=st.data())
-def test_backend_batch_invariance(data, model, recorder, tim):
-    shape, target, batch, index = _draw_placement(data, model)
+def test_backend_batch_invariance(data, model, depth, recorder, tim):
+    shape, target, batch, index = _draw_placement(data, model, depth)
     micro_batch = data.draw(st.sampled_from([1, 2, 4, 8]), label="micro_batch_size")
+    recorder.case(batch, shape, target_index=index, micro_batch_size=micro_batch)
 
     alone = tim.backend_variant(micro_batch_size=1).recompute([target]).logprobs
     batched = tim.backend_variant(
@@ -42,6 +45,4 @@ def test_backend_batch_invariance(data, model, recorder, tim):
     ).recompute(batch)
     in_batch = [batched.logprobs[index]]
 
-    example = case(batch, shape, target_index=index, micro_batch_size=micro_batch)
-    metrics = recorder.measure(alone, in_batch, case=example)
-    recorder.check_profile(metrics, example)
+    recorder.check_profile(recorder.measure(alone, in_batch))

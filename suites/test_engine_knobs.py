@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from conformance.engines import ENGINES
 from conformance.strategies import sampling_specs
-from conformance.suite_support import case, generated_rows, prompt_batches
+from conformance.suite_support import generated_rows, new_tokens, prompt_batches
 
 #: the knobs this suite knows how to vary; each value of each starts one engine
 KNOBS = (
@@ -58,16 +58,17 @@ def variant(request, engine, tim) -> Iterator[tuple[str, Any, Any]]:
 )
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_knob_keeps_logprobs(data, variant, engine, model, recorder):
+def test_knob_keeps_logprobs(data, variant, engine, model, depth, recorder):
     knob, value, changed = variant
-    shape, sequences = data.draw(prompt_batches(model, min_len=2), label="batch")
-    example = case(sequences, shape, knob=knob, value=value)
-    metrics = recorder.measure(engine.score(sequences), changed.score(sequences), case=example)
-    recorder.check_profile(metrics, example)
+    shape, sequences = data.draw(prompt_batches(model, depth, min_len=2), label="batch")
+    recorder.case(sequences, shape, knob=knob, value=value)
+    recorder.check_profile(recorder.measure(engine.score(sequences), changed.score(sequences)))
 
-    spec = data.draw(sampling_specs(), label="sampling")
-    shape, prompts = data.draw(prompt_batches(model, max_new_tokens=spec.max_new_tokens), "batch")
-    example = case(prompts, shape, spec, knob=knob, value=value)
+    spec = data.draw(sampling_specs(max_new_tokens=new_tokens(depth)), label="sampling")
+    shape, prompts = data.draw(
+        prompt_batches(model, depth, max_new_tokens=spec.max_new_tokens), label="batch"
+    )
+    recorder.case(prompts, shape, spec, knob=knob, value=value)
     for _ in range(2):
         try:
             completions = changed.generate(prompts, spec)
@@ -76,5 +77,4 @@ def test_knob_keeps_logprobs(data, variant, engine, model, recorder):
             return
         rescored = engine.score([c.sequence for c in completions])
         lp_train, lp_infer, positions = generated_rows(completions, rescored)
-        metrics = recorder.measure(lp_train, lp_infer, case=example, positions=positions)
-        recorder.check_profile(metrics, example)
+        recorder.check_profile(recorder.measure(lp_train, lp_infer, positions=positions))

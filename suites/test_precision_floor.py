@@ -12,7 +12,7 @@ import torch
 
 from conformance.engines import SamplingSpec
 from conformance.floor import logit_std_for_entropy, simulate_floor
-from conformance.suite_support import case, generated_rows
+from conformance.suite_support import generated_rows
 
 #: measured std ρ below this fraction of the simulated floor is flagged; rounding of the whole
 #: forward pass only adds to the softmax's, so a sound measurement sits at or above the floor
@@ -32,12 +32,12 @@ def test_mismatch_is_not_below_the_rounding_floor(engine, backend, model, record
     generator = torch.Generator().manual_seed(tim.seed)
     prompts = torch.randint(0, model.vocab_size, (PROMPTS, PROMPT_LEN), generator=generator)
     spec = SamplingSpec(max_new_tokens=NEW_TOKENS, seed=tim.seed % 2**31)
+    recorder.case(prompts.tolist(), sampling=spec)
 
     completions = engine.generate(prompts.tolist(), spec)
     recomputed = backend.recompute([c.sequence for c in completions])
     lp_train, lp_infer, positions = generated_rows(completions, recomputed.logprobs)
-    example = case(prompts.tolist(), sampling=spec)
-    metrics = recorder.measure(lp_train, lp_infer, case=example, positions=positions)
+    metrics = recorder.measure(lp_train, lp_infer, positions=positions)
 
     entropy = float(torch.cat(recomputed.entropy).mean())
     logit_std = logit_std_for_entropy(model.vocab_size, entropy, seed=tim.seed)
@@ -49,6 +49,5 @@ def test_mismatch_is_not_below_the_rounding_floor(engine, backend, model, record
             f"{floor.ratio_std:.3g} (vocab {model.vocab_size}, logit std {logit_std:.2f}): the "
             "measurement is broken — check that the engine really runs in "
             f"{tim.spec.engine_dtype} and the backend in {tim.spec.backend_dtype}",
-            example,
             metrics,
         )

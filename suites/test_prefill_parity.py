@@ -2,23 +2,23 @@
 
 For any batch of token sequences, the engine scoring them in one prefill and the backend
 recomputing them the way a trainer does give the same per-token log-probabilities, within the
-active profile. The backend lays the batch out with the padding side Hypothesis drew.
+active profile. The backend lays the batch out with the padding side Hypothesis drew; batches
+repeat prompts (GRPO groups) and share prefixes as RL batches do.
 """
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.suite_support import case, prompt_batches
+from conformance.suite_support import prompt_batches
 
 
 @given(data=st.data())
-def test_prefill_parity(data, engine, model, recorder, tim):
-    shape, sequences = data.draw(prompt_batches(model, min_len=2), label="batch")
+def test_prefill_parity(data, engine, model, depth, recorder, tim):
+    shape, sequences = data.draw(prompt_batches(model, depth, min_len=2), label="batch")
+    recorder.case(sequences, shape)
     backend = tim.backend_variant(layout=f"{shape.padding_side}-pad")
 
     lp_infer = engine.score(sequences)
     lp_train = backend.recompute(sequences).logprobs
 
-    example = case(sequences, shape)
-    metrics = recorder.measure(lp_train, lp_infer, case=example)
-    recorder.check_profile(metrics, example)
+    recorder.check_profile(recorder.measure(lp_train, lp_infer))

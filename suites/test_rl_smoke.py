@@ -2,7 +2,9 @@
 
 A short GRPO run on the session's stack definition — a fresh engine and backend built from it,
 since training changes their weights — with the natural (the stack's own) mismatch: neither the
-mismatch alarm nor the collapse detector may fire.
+mismatch alarm nor the collapse detector may fire. The training regime follows
+``--tim-updates-per-step``, ``--tim-old-logprobs``, ``--tim-clip-low`` and ``--tim-clip-high``
+(``certify --rl-smoke --updates-per-step 4 ...``).
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ def test_rl_smoke_natural(tim, recorder, tmp_path, request):
     import json
 
     from conformance.rl.loop import RunConfig, build_stack, run_smoke
+    from conformance.rl.options import training_values
 
     out = tim.report_dir / "rl" if tim.report_dir is not None else tmp_path
     engine, backend = build_stack(tim.spec)
     try:
-        config = RunConfig(steps=SUITE_STEPS, profile=tim.profile)
+        regime = training_values(vars(request.config.option))
+        config = RunConfig(steps=SUITE_STEPS, profile=tim.profile, **regime)
         summary = run_smoke(engine, backend, config, out)
     finally:
         engine.close()

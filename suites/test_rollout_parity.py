@@ -2,25 +2,27 @@
 
 The engine samples rollouts and reports the log-probability of each token it sampled; the
 backend recomputes those tokens. With identical weights the two agree within the active
-profile, whatever the sampling spec (the engine must report raw model logprobs).
+profile, whatever the sampling spec (the engine must report raw model logprobs), at rollout
+lengths and batch sizes up to the search depth, for RL-shaped batches too.
 """
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.strategies import sampling_specs
-from conformance.suite_support import case, generated_rows, prompt_batches
+from conformance.suite_support import generated_rows, new_tokens, prompt_batches
 
 
 @given(data=st.data())
-def test_rollout_parity(data, engine, backend, model, recorder):
-    spec = data.draw(sampling_specs(), label="sampling")
-    shape, prompts = data.draw(prompt_batches(model, max_new_tokens=spec.max_new_tokens), "batch")
+def test_rollout_parity(data, engine, backend, model, depth, recorder):
+    spec = data.draw(sampling_specs(max_new_tokens=new_tokens(depth)), label="sampling")
+    shape, prompts = data.draw(
+        prompt_batches(model, depth, max_new_tokens=spec.max_new_tokens), label="batch"
+    )
+    recorder.case(prompts, shape, spec)
 
     completions = engine.generate(prompts, spec)
     recomputed = backend.recompute([c.sequence for c in completions]).logprobs
     lp_train, lp_infer, positions = generated_rows(completions, recomputed)
 
-    example = case(prompts, shape, spec)
-    metrics = recorder.measure(lp_train, lp_infer, case=example, positions=positions)
-    recorder.check_profile(metrics, example)
+    recorder.check_profile(recorder.measure(lp_train, lp_infer, positions=positions))

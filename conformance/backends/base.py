@@ -1,7 +1,14 @@
-"""The Backend protocol: how a trainer recomputes log-probabilities of given sequences.
+"""The Backend protocol: how a trainer recomputes log-probabilities of given sequences, and
+how it trains (the RL smoke run's side of a step).
 
 Positions follow the Engine convention: for a sequence of length n, n − 1 values, entry ``t``
 being ``log p(s[t + 1] | s[: t + 1])``.
+
+Training protocol (``update``, ``state_dict``, ``reset_optimizer``): the RL loop in
+``conformance.rl.loop`` trains only through these three, so a backend whose model lives
+elsewhere (sharded over worker processes) trains the same way as the in-process ``hf`` one. The
+batch and the loss are defined once, in ``conformance.rl.objective`` (``PolicyBatch``,
+``policy_loss``): a backend never computes a loss of its own.
 """
 
 from __future__ import annotations
@@ -12,10 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from conformance.errors import UsageError
 from conformance.parallel import ParallelSetting
 
 if TYPE_CHECKING:
     import torch
+
+    from conformance.rl.objective import PolicyBatch
 
 
 Layout = Literal["right-pad", "left-pad", "packed"]
@@ -53,6 +63,16 @@ class Backend(ABC):
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, str]) -> None:
+        """Raise ``UsageError`` for ``--backend-option`` settings this backend does not take or
+        cannot parse, before anything starts. By default a backend takes none."""
+        if options:
+            raise UsageError(
+                f"backend {cls.name!r} takes no backend options (got {', '.join(sorted(options))})",
+                "drop --backend-option",
+            )
+
     @abstractmethod
     def recompute(
         self,
@@ -76,8 +96,47 @@ class Backend(ABC):
 
     @property
     def module(self) -> torch.nn.Module:
-        """The trainable model, for the RL smoke run."""
-        raise NotImplementedError(f"backend {self.name!r} exposes no trainable module")
+        """The in-process model, where there is one (the training protocol never needs it)."""
+        raise NotImplementedError(f"backend {self.name!r} exposes no in-process module")
+
+    def update(self, batch: PolicyBatch) -> dict[str, float]:
+        """One optimizer step on ``batch``; returns the step's figures.
+
+        In order: the response log-probs of ``batch.sequences`` at the current weights, with
+        grad, as ``[B, T]`` float32 (``conformance.rl.objective.response_logprobs`` of a
+        ``recompute(..., grad=True)``: column ``j`` of row ``i`` is the log-prob of
+        ``sequences[i][prompt_lengths[i] + j]``); ``loss, counts =
+        conformance.rl.objective.policy_loss(logprobs, batch)``; backward; the total gradient
+        norm clipped to ``batch.max_grad_norm`` (None: not clipped); one Adam step
+        (``objective.ADAM_BETAS``, ``ADAM_EPS``, no weight decay) at ``batch.lr``. The optimizer
+        is created at the first ``update`` and keeps its state across calls until
+        ``reset_optimizer``.
+
+        Returns ``{"loss": float, "grad_norm": float, **counts}``: the loss value, the total
+        gradient norm *before* clipping, and ``policy_loss``'s additive counts (``tokens``,
+        ``sequences``, ``clip_low``, ``clip_high``, ``clip_seq``, ``ratio_k3``). A backend that
+        splits the batch (data-parallel ranks, micro-batches) calls ``policy_loss`` on each
+        ``batch.shard(i, n)`` and returns the sums of the losses and counts, which equal the
+        whole batch's (the shards keep the batch's ``loss_norm``).
+        """
+        raise NotImplementedError(
+            f"backend {self.name!r} cannot train; implement update(), state_dict() and "
+            "reset_optimizer() or choose a backend that can (hf)"
+        )
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The full, unsharded weights as CPU tensors under the model's transformers names (what
+        ``Engine.load_weights`` takes); a copy the caller may keep across later updates."""
+        raise NotImplementedError(
+            f"backend {self.name!r} cannot hand out its weights; implement state_dict()"
+        )
+
+    def reset_optimizer(self) -> None:
+        """Forget the optimizer state (Adam moments and step count): the next ``update`` starts
+        a fresh optimizer. The RL run calls it between the supervised warm start and RL."""
+        raise NotImplementedError(
+            f"backend {self.name!r} cannot train; implement reset_optimizer()"
+        )
 
     def info(self) -> dict[str, Any]:
         c = self.config

@@ -8,22 +8,28 @@ root) and computes in ``--backend-dtype`` with float32 gradient reductions, i.e.
 ``MixedPrecisionPolicy(param_dtype=<backend dtype>, reduce_dtype=float32)``.
 
 Data parallelism as trainers do it: a batch of sequences is split into ``world_size``
-contiguous shares (verl's ``DataProto.chunk``), and each rank cuts its share into micro-batches
-of ``--backend-micro-batch`` sequences, laid out like the ``hf`` backend
-(``conformance.backends._layout``). So at world size N a sequence is scored next to other
-batch-mates than at world size 1, as in a real trainer.
+contiguous, near-equal shares (as verl's ``DataProto.chunk`` does; :func:`shares`), and each
+rank cuts its share into micro-batches of ``--backend-micro-batch`` sequences, laid out like
+the ``hf`` backend (``conformance.backends._layout``). So at world size N a sequence is scored
+next to other batch-mates than at world size 1, as in a real trainer.
+
+Training (the Backend training protocol: ``update``, ``state_dict``, ``reset_optimizer``) runs
+on the ranks: each takes its shard of the batch (``PolicyBatch.shard``), accumulates gradients
+over its micro-batches, and FSDP reduce-scatters them in float32 before the clip and the Adam
+step on the sharded master weights; ``state_dict`` gathers the full float32 weights.
 
 Rank processes are the expensive part, so backends that differ only in how batches are fed
-(micro-batch size, layout) share one group of ranks; a group is stopped when its last backend
-closes, when a rank dies, and at interpreter exit.
+(micro-batch size, layout) share one group of ranks until one of them trains: its first
+``update`` gives it ranks of its own, so no other backend sees trained weights. A group is
+stopped when its last backend closes, when a rank dies, and at interpreter exit.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conformance.backends import _fsdp_rank
 from conformance.backends._layout import check_feeding, check_sequences, micro_batches
@@ -32,6 +38,11 @@ from conformance.backends.base import Backend, BackendConfig, Recompute
 from conformance.engines._options import parse_engine_options, parse_positive_int
 from conformance.errors import UsageError
 from conformance.parallel import ParallelSetting
+
+if TYPE_CHECKING:
+    import torch
+
+    from conformance.rl.objective import PolicyBatch
 
 #: seconds the ranks may take to start (≈ 4 s each on a quiet two-core machine, 25 s loaded)
 START_TIMEOUT_S = float(os.environ.get("TIM_FSDP_START_TIMEOUT", "600"))
@@ -54,52 +65,50 @@ _GROUPS: dict[tuple[str, str, str, int], _Shared] = {}
 
 
 def shares(count: int, world_size: int) -> list[range]:
-    """The contiguous index ranges of ``count`` sequences each rank gets, as evenly as verl's
-    ``chunk`` splits them (the first ranks get the extra one); trailing ranks may get none."""
-    size, extra = divmod(count, world_size)
-    bounds = [0]
-    for rank in range(world_size):
-        bounds.append(bounds[-1] + size + (rank < extra))
-    return [range(bounds[r], bounds[r + 1]) for r in range(world_size)]
+    """The contiguous, near-equal index ranges of ``count`` sequences the ranks get: rank ``r``
+    gets ``[r·count // N, (r+1)·count // N)``, the split ``PolicyBatch.shard`` makes for training,
+    so a sequence sits on the same rank whether it is scored or trained. With fewer sequences
+    than ranks, some ranks get none."""
+    return [
+        range(r * count // world_size, (r + 1) * count // world_size) for r in range(world_size)
+    ]
 
 
 class FSDPBackend(Backend):
     name = "fsdp"
     parallel = ParallelSetting(option="world_size", label="world_size", default=2)
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, str]) -> None:
+        _world_size(options)
+
     def __init__(self, config: BackendConfig) -> None:
         super().__init__(config)
         check_feeding(config)
-        options = parse_engine_options(
-            "fsdp", config.options, _OPTIONS, {"world_size": self.parallel.default}
-        )
-        self.world_size: int = options["world_size"]
+        self.world_size = _world_size(config.options)
         self._cuda = _cuda_devices()
-        if self._cuda and self.world_size > self._cuda:
-            raise UsageError(
-                f"world_size={self.world_size} needs {self.world_size} GPUs, {self._cuda} found",
-                f"use --backend-option world_size={self._cuda} or fewer",
-            )
         self._key = (str(config.model), config.dtype, config.attn_implementation, self.world_size)
         shared = _GROUPS.get(self._key)
         if shared is None or shared.group.closed:
-            setup = _fsdp_rank.RankSetup(
-                model=str(config.model),
-                param_dtype=config.dtype,
-                attn_implementation=config.attn_implementation,
-                parent_pid=os.getpid(),
-                timeout_s=TIMEOUT_S,
-            )
-            group = RankGroup(
-                _fsdp_rank.serve,
-                setup,
-                self.world_size,
-                start_timeout_s=START_TIMEOUT_S,
-                timeout_s=TIMEOUT_S,
-            )
-            shared = _GROUPS[self._key] = _Shared(group)
+            shared = _GROUPS[self._key] = _Shared(self._start_ranks())
         shared.users += 1
         self._group: RankGroup | None = shared.group
+
+    def _start_ranks(self) -> RankGroup:
+        setup = _fsdp_rank.RankSetup(
+            model=str(self.config.model),
+            param_dtype=self.config.dtype,
+            attn_implementation=self.config.attn_implementation,
+            parent_pid=os.getpid(),
+            timeout_s=TIMEOUT_S,
+        )
+        return RankGroup(
+            _fsdp_rank.serve,
+            setup,
+            self.world_size,
+            start_timeout_s=START_TIMEOUT_S,
+            timeout_s=TIMEOUT_S,
+        )
 
     def recompute(
         self,
@@ -133,10 +142,50 @@ class FSDPBackend(Backend):
             entropy=[torch.from_numpy(ent) for _, ent in pairs],
         )
 
+    def update(self, batch: PolicyBatch) -> dict[str, float]:
+        from conformance.rl.objective import COUNTS
+
+        count = min(self.world_size, len(batch.sequences))
+        shards = [batch.shard(r, count) if r < count else None for r in range(self.world_size)]
+        micro = self.config.micro_batch_size
+        pieces = [0 if s is None else -(-len(s.sequences) // micro) for s in shards]
+        steps = [
+            _fsdp_rank.Step(
+                shard, n, max(pieces), self.config.layout, batch.lr, batch.max_grad_norm
+            )
+            for shard, n in zip(shards, pieces, strict=True)
+        ]
+        replies = self._private_ranks().call("update", steps)
+        figures = {key: sum(reply[key] for reply in replies) for key in ("loss", *COUNTS)}
+        # the norm is over every shard's gradients, the same on each rank
+        return {**figures, "grad_norm": replies[0]["grad_norm"]}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        import torch
+
+        full = self._ranks().call("state_dict", [None] * self.world_size)[0]
+        return {name: torch.from_numpy(array) for name, array in full.items()}
+
+    def reset_optimizer(self) -> None:
+        self._ranks().call("reset_optimizer", [None] * self.world_size)
+
     def _ranks(self) -> RankGroup:
         if self._group is None:
             raise UsageError("backend 'fsdp' was closed", "build a new one")
         return self._group
+
+    def _private_ranks(self) -> RankGroup:
+        """The ranks this backend trains, shared with no other: training changes their
+        weights, and a backend built later (or a variant) must start from the model folder's."""
+        group = self._ranks()
+        shared = _GROUPS.get(self._key)
+        if shared is not None and shared.group is group:
+            shared.users -= 1
+            if shared.users:
+                self._group = self._start_ranks()
+            else:
+                del _GROUPS[self._key]
+        return self._ranks()
 
     def info(self) -> dict[str, Any]:
         info = super().info()
@@ -161,6 +210,21 @@ class FSDPBackend(Backend):
                 return
             del _GROUPS[self._key]
         group.close()
+
+
+def _world_size(options: Mapping[str, str]) -> int:
+    """The ``world_size`` option, checked: a positive integer, and no more than the GPUs."""
+    parsed = parse_engine_options(
+        "fsdp", options, _OPTIONS, {"world_size": FSDPBackend.parallel.default}
+    )
+    size: int = parsed["world_size"]
+    gpus = _cuda_devices()
+    if gpus and size > gpus:
+        raise UsageError(
+            f"world_size={size} needs {size} GPUs, {gpus} found",
+            f"use --backend-option world_size={gpus} or fewer",
+        )
+    return size
 
 
 def _cuda_devices() -> int:

@@ -1,20 +1,23 @@
 """The ``hf`` backend: a trainer-style full-sequence forward with Hugging Face transformers, in
 this process, fed as ``conformance.backends._layout`` lays batches out (micro-batches; right
-padding, left padding or packing).
+padding, left padding or packing). It trains in process (the Backend training protocol), with the
+same layouts.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from conformance.backends._layout import check_feeding, check_sequences, forward, micro_batches
 from conformance.backends.base import Backend, BackendConfig, Recompute
-from conformance.errors import UsageError
 from conformance.hf_model import load_causal_lm
 
 if TYPE_CHECKING:
     import torch
+
+    from conformance.rl.objective import PolicyBatch
 
 
 class HFBackend(Backend):
@@ -23,16 +26,44 @@ class HFBackend(Backend):
     def __init__(self, config: BackendConfig) -> None:
         super().__init__(config)
         check_feeding(config)
-        if config.options:
-            raise UsageError(
-                f"backend 'hf' takes no backend options (got {sorted(config.options)})",
-                "drop --backend-option, or use --backend-micro-batch / --backend-attn",
-            )
+        self.check_options(config.options)
         self._model = load_causal_lm(config.model, config.dtype, config.attn_implementation)
+        self._optimizer: torch.optim.Optimizer | None = None
 
     @property
     def module(self) -> torch.nn.Module:
         return self._model
+
+    def update(self, batch: PolicyBatch) -> dict[str, float]:
+        import torch
+
+        from conformance.rl.objective import (
+            ADAM_BETAS,
+            ADAM_EPS,
+            policy_loss,
+            response_logprobs,
+        )
+
+        params = list(self._model.parameters())
+        if self._optimizer is None:
+            self._optimizer = torch.optim.Adam(params, lr=batch.lr, betas=ADAM_BETAS, eps=ADAM_EPS)
+        for group in self._optimizer.param_groups:
+            group["lr"] = batch.lr
+        out = self.recompute(batch.sequences, grad=True)
+        logprobs = response_logprobs(out.logprobs, batch.prompt_lengths).float().cpu()
+        loss, counts = policy_loss(logprobs, batch)
+        self._optimizer.zero_grad()
+        loss.backward()
+        limit = math.inf if batch.max_grad_norm is None else batch.max_grad_norm
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, limit)
+        self._optimizer.step()
+        return {"loss": float(loss.detach()), "grad_norm": float(grad_norm), **counts}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().to("cpu", copy=True) for k, v in self._model.state_dict().items()}
+
+    def reset_optimizer(self) -> None:
+        self._optimizer = None
 
     def recompute(
         self,

@@ -10,6 +10,7 @@ from typing import Any
 
 from conformance.errors import EngineCrashed, UsageError
 from conformance.options import add_stack_options, pyproject_table, resolve
+from conformance.rl.options import add_training_options, pytest_args, training_values
 
 #: the suites shipped next to the package (a clone installed with ``pip install -e .``)
 DEFAULT_SUITES = Path(__file__).resolve().parents[2] / "suites"
@@ -45,10 +46,19 @@ def add_parser(subparsers: Any) -> None:
         "--suites", type=Path, default=DEFAULT_SUITES, help="suites folder (default: %(default)s)"
     )
     parser.add_argument(
+        "--suite",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run only this suite (e.g. rollout_parity; repeatable): for chasing one failure, "
+        "not for a certificate of the whole stack",
+    )
+    parser.add_argument(
         "--rl-smoke",
         action="store_true",
         help="also run a short RL smoke run on a copy of the stack (a few minutes)",
     )
+    add_training_options(parser.add_argument, prefix="")  # the --rl-smoke run's training regime
     parser.add_argument(
         "--check",
         type=Path,
@@ -64,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
     values = resolve(vars(args), pyproject_table(Path.cwd()))
     spec = StackSpec.from_options(values)
-    _preflight(spec)
+    spec.preflight()
     if args.check is not None:
         return _check(spec, args.check)
     if not args.suites.is_dir():
@@ -74,29 +84,34 @@ def run(args: argparse.Namespace) -> int:
         )
     out = args.out or Path("reports") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     seed = DEFAULT_SEED if args.seed is None else args.seed
-    extra = ["--tim-rl-smoke"] if args.rl_smoke else []
-    report = _run_suites(spec, args.suites, out, seed, extra)
+    if training_values(vars(args)) and not args.rl_smoke:
+        raise UsageError("RL training options without --rl-smoke", "add --rl-smoke or drop them")
+    extra = ["--tim-rl-smoke", *pytest_args(vars(args))] if args.rl_smoke else []
+    report = _run_suites(spec, _suite_paths(args.suites, args.suite), out, seed, extra)
     return _conclude(report, out)
 
 
-def _preflight(spec: Any) -> None:
-    """Fail fast, before pytest starts, on what the user can fix: model, engine, profile."""
-    from conformance.backends import BACKENDS
-    from conformance.engines import ENGINES
-    from conformance.models import inspect_model
-    from conformance.profiles import load_profile
+def _suite_paths(folder: Path, names: list[str]) -> list[Path]:
+    """The suite files to run: all of ``folder``, or the ones ``--suite`` names."""
+    if not names:
+        return [folder]
+    available = sorted(p.stem.removeprefix("test_") for p in folder.glob("test_*.py"))
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise UsageError(
+            f"unknown suite(s) {', '.join(unknown)}", f"choose from: {', '.join(available)}"
+        )
+    return [folder / f"test_{n}.py" for n in dict.fromkeys(names)]
 
-    load_profile(spec.profile)
-    ENGINES.get(spec.engine)
-    BACKENDS.get(spec.backend)
-    inspect_model(spec.model_dir())
 
-
-def _run_suites(spec: Any, suites: Path, out: Path, seed: int, extra: list[str]) -> dict[str, Any]:
+def _run_suites(
+    spec: Any, suites: list[Path], out: Path, seed: int, extra: list[str]
+) -> dict[str, Any]:
     import pytest
 
+    folder = suites[0] if suites[0].is_dir() else suites[0].parent
     args = [
-        str(suites),
+        *map(str, suites),
         *spec.pytest_args(),
         *extra,
         "--tim-report",
@@ -105,7 +120,7 @@ def _run_suites(spec: Any, suites: Path, out: Path, seed: int, extra: list[str])
         "-q",
         "-p",
         "no:cacheprovider",
-        f"--rootdir={suites.parent}",
+        f"--rootdir={folder.parent}",
     ]
     print(f"tim-conformance: certifying {spec.engine} vs {spec.backend} -> {out}", flush=True)
     code = pytest.main(args)
@@ -126,7 +141,7 @@ def _conclude(report: dict[str, Any], out: Path) -> int:
     if verdict == "incomplete":
         raise EngineCrashed(
             f"run incomplete: {report['reason']}; partial results kept in {out / 'results.jsonl'}",
-            "fix the engine (see its log) and rerun certify",
+            "rerun certify once the cause is fixed (a crashed or hung engine: see its log)",
         )
     print(f"tim-conformance: verdict {'CERTIFIED' if verdict == 'pass' else 'NOT CERTIFIED'}")
     return 0 if verdict == "pass" else 1

@@ -9,6 +9,7 @@ from conformance.options import add_stack_options, resolve
 from conformance.profiles import load_profile
 from conformance.rl import grpo
 from conformance.rl.loop import RunConfig, build_stack, run_smoke
+from conformance.rl.options import add_training_options, training_values
 from conformance.rl.scenarios import DEFAULT_STRENGTH, SCENARIOS, Scenario
 from conformance.stack import StackSpec
 
@@ -17,6 +18,8 @@ EPILOG = """examples:
   tim-conformance rl-smoke --engine-dtype bfloat16 --steps 100 --long
   tim-conformance rl-smoke --scenario inject --at 20 --strength 0.05 --out /tmp/inject
   tim-conformance rl-smoke --scenario lr-jump --at 20 --remedy lr-decay
+  tim-conformance rl-smoke --updates-per-step 4 --old-logprobs engine --engine-dtype bfloat16
+  tim-conformance rl-smoke --updates-per-step 4 --clip-low 0.2 --clip-high 0.28  # DAPO clip
 exit status: 0 neither verdict fired, 1 mismatch alarm or collapse, 2 usage/environment error
 """
 
@@ -58,6 +61,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="steps over which the scenario ramps up to full strength",
     )
     parser.add_argument("--remedy", choices=grpo.REMEDIES, default=_DEFAULTS.remedy)
+    add_training_options(parser.add_argument, prefix="")
     parser.add_argument("--steps", type=int, default=_DEFAULTS.steps)
     parser.add_argument("--seed", type=int, default=_DEFAULTS.seed)
     parser.add_argument("--long", action="store_true", help="answers of 128–160 tokens")
@@ -89,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         warm_steps=args.warm_steps,
         long=args.long,
         profile=load_profile(spec.profile),
+        **training_values(vars(args)),
     )
     engine, backend = build_stack(spec)
     try:

@@ -55,8 +55,11 @@ KNOBS: dict[str, tuple[str, ...]] = {
 def parse_options(
     engine: str, options: Mapping[str, Any], *, extra: Mapping[str, Callable[[str], Any]]
 ) -> dict[str, Any]:
-    """Typed options with vLLM's defaults filled in (see :func:`parse_engine_options`)."""
-    return parse_engine_options(engine, options, {**OPTIONS, **extra}, DEFAULTS)
+    """Typed options with vLLM's defaults filled in (see :func:`parse_engine_options`); a
+    tensor-parallel size the CPU cores cannot bind is refused here, before anything starts."""
+    parsed = parse_engine_options(engine, options, {**OPTIONS, **extra}, DEFAULTS)
+    threads_bind(PARALLEL.size(parsed))
+    return parsed
 
 
 def engine_args(config: EngineConfig, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -93,9 +96,20 @@ def environment(root: str, *, enforce_eager: bool, tensor_parallel_size: int) ->
         # eager mode needs no dynamo; disabling it skips a g++ build on the first logprob call
         "TORCHDYNAMO_DISABLE": "1" if enforce_eager else "0",
     }
-    if tensor_parallel_size > 1:
-        env[THREADS_BIND] = _USER_THREADS_BIND or cpu_threads_bind(tensor_parallel_size)
+    bind = threads_bind(tensor_parallel_size)
+    if bind is not None:
+        env[THREADS_BIND] = bind
     return env
+
+
+def threads_bind(tensor_parallel_size: int) -> str | None:
+    """The ``VLLM_CPU_OMP_THREADS_BIND`` a start at this size needs: none at size 1 or on GPUs,
+    the user's own where set, else one from :func:`cpu_threads_bind`."""
+    import torch
+
+    if tensor_parallel_size == 1 or torch.cuda.is_available():
+        return None
+    return _USER_THREADS_BIND or cpu_threads_bind(tensor_parallel_size)
 
 
 def cpu_threads_bind(tensor_parallel_size: int) -> str:

@@ -100,6 +100,17 @@ class Engine(ABC):
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, str]) -> None:
+        """Raise ``UsageError`` for options (``--engine-option KEY=VALUE`` strings) this engine
+        does not take or cannot parse, without starting anything, so a typo is one line before
+        any test runs. An engine that takes options overrides this; by default it takes none."""
+        if options:
+            raise UsageError(
+                f"engine {cls.name!r} takes no options (got {', '.join(sorted(options))})",
+                "drop --engine-option",
+            )
+
     @abstractmethod
     def generate(
         self,

@@ -27,18 +27,21 @@ class HFGenerateEngine(Engine):
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
-        unknown = set(config.options) - set(_OPTIONS)
-        if unknown:
-            raise UsageError(
-                f"unknown hf-generate option(s) {sorted(unknown)}",
-                f"valid options: {', '.join(_OPTIONS)}",
-            )
+        self.check_options(config.options)
         self.options = {**_OPTIONS, **config.options}
         self._model = load_causal_lm(
             config.model, config.dtype, self.options["attn_implementation"]
         )
         self._pad_id = self._model.config.pad_token_id or 0
         self._eos_id = self._model.config.eos_token_id
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, str]) -> None:
+        unknown = sorted(set(options) - set(_OPTIONS))
+        if unknown:
+            raise UsageError(
+                f"unknown {cls.name} option(s) {unknown}", f"valid options: {', '.join(_OPTIONS)}"
+            )
 
     def generate(
         self,

@@ -21,6 +21,10 @@ class SGLangEngine(Engine):
     name = "sglang"
     parallel = common.PARALLEL
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, str]) -> None:
+        common.parse_options(cls.name, options, extra={})
+
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
         self._engine: Any = None

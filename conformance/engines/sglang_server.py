@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from conformance.engines import _sglang_common as common
@@ -33,6 +33,10 @@ REQUEST_TIMEOUT_S = 600.0
 class SGLangServerEngine(Engine):
     name = "sglang-server"
     parallel = common.PARALLEL
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, str]) -> None:
+        common.parse_options(cls.name, options, extra={"url": str})
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)

@@ -26,6 +26,10 @@ class VLLMEngine(Engine):
     name = "vllm"
     parallel = common.PARALLEL
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, str]) -> None:
+        common.parse_options(cls.name, options, extra={})
+
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
         self.options = common.parse_options(self.name, config.options, extra={})

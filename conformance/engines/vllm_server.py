@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from conformance.engines import _vllm_common as common
@@ -71,6 +71,10 @@ def _seeded_chunk(options: dict[str, Any]) -> int | None:
 class VLLMServerEngine(Engine):
     name = "vllm-server"
     parallel = common.PARALLEL
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, str]) -> None:
+        common.parse_options(cls.name, options, extra={"url": str})
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)

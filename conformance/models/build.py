@@ -26,7 +26,8 @@ ARCHS: dict[str, tuple[str, dict[str, object]]] = {
 }
 #: vLLM's CPU attention has no kernel for head size 16; 32 is its smallest (ENGINES.md)
 HEAD_DIM = 32
-MAX_POSITIONS = 512
+#: long enough for the deep search: prompts of thousands of tokens plus 2,048 new ones
+MAX_POSITIONS = 4096
 #: std of the logits at init; std 0.02 everywhere gives near-uniform next-token distributions
 LOGIT_STD = 4.0
 #: spread of norm weights around 1 and of biases around 0

@@ -11,7 +11,7 @@ from conformance.errors import ModelError
 from conformance.models.build import make_model
 
 #: bump when the recipe (init, tokenizer corpus, config) changes, so caches rebuild
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 #: the model every run uses when no --model is given
 DEFAULT_MODEL = {"arch": "qwen2", "seed": 0, "vocab": 384, "layers": 2, "hidden": 64}
 

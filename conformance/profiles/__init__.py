@@ -1,8 +1,8 @@
 """Tolerance profiles: one threshold per mismatch metric, shipped as TOML in this package.
 
 A profile file is a flat table ``metric = threshold`` (plus an optional ``description``).
-Metric names are those of ``conformance.metrics.METRIC_NAMES``. A threshold is an upper
-bound, except for the metrics in ``LOWER_BOUNDS`` (higher is better there).
+Metric names, and which side of a threshold is a violation, come from
+:mod:`conformance.metric_table`.
 """
 
 from __future__ import annotations
@@ -12,13 +12,9 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from conformance.errors import ProfileError
-from conformance.metrics import METRIC_NAMES
-
-#: metrics whose threshold is a lower bound; every other threshold is an upper bound
-LOWER_BOUNDS = frozenset({"pcc", "exact_match_rate", "rho_min"})
+from conformance.metric_table import METRIC_NAMES, Bound, metric
 
 _HERE = Path(__file__).parent
 _META_KEYS = frozenset({"description"})
@@ -31,7 +27,10 @@ class Violation:
     metric: str
     value: float
     threshold: float
-    bound: Literal["max", "min"]
+    bound: Bound
+
+    def __str__(self) -> str:
+        return f"{self.metric} = {metric(self.metric).relation(self.value, self.threshold)}"
 
 
 @dataclass(frozen=True)
@@ -44,20 +43,13 @@ class Profile:
     def check(self, metrics: Mapping[str, float]) -> list[Violation]:
         """Violations among the metrics both measured and bounded; NaN always violates."""
         violations = []
-        for metric, threshold in self.thresholds.items():
-            if metric not in metrics:
+        for name, threshold in self.thresholds.items():
+            if name not in metrics:
                 continue
-            value = float(metrics[metric])
-            bound = bound_of(metric)
-            ok = value >= threshold if bound == "min" else value <= threshold
-            if not ok:  # also catches NaN, for which every comparison is False
-                violations.append(Violation(metric, value, threshold, bound))
+            fact, value = metric(name), float(metrics[name])
+            if fact.violates(value, threshold):
+                violations.append(Violation(name, value, threshold, fact.bound))
         return violations
-
-
-def bound_of(metric: str) -> Literal["max", "min"]:
-    """``"min"`` if the metric's threshold is a lower bound, else ``"max"``."""
-    return "min" if metric in LOWER_BOUNDS else "max"
 
 
 def available_profiles() -> list[str]:
@@ -92,13 +84,13 @@ def load_profile(name_or_path: str | Path) -> Profile:
             f"use metric names from: {', '.join(METRIC_NAMES)}",
         )
     thresholds = {}
-    for metric, value in table.items():
+    for name, value in table.items():
         if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
             raise ProfileError(
-                f"profile {path}: {metric} = {value!r} is not a number",
-                f"write a number, e.g. {metric} = 1e-5",
+                f"profile {path}: {name} = {value!r} is not a number",
+                f"write a number, e.g. {name} = 1e-5",
             )
-        thresholds[metric] = float(value)
+        thresholds[name] = float(value)
     return Profile(name=path.stem, source=path, thresholds=thresholds, description=description)
 
 

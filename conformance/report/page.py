@@ -6,9 +6,10 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from conformance.metric_table import BY_NAME, worst_metrics
 from conformance.report import plots
 from conformance.report.html import Markup, as_text, code_block, esc, join, page, table, tag
-from conformance.report.schema import is_lower_bound, suites, validate_report, worst_metrics
+from conformance.report.schema import suites, validate_report
 from conformance.report.stats import pool_samples
 
 #: failing checks shown in full per suite; the rest are listed in one line each
@@ -19,13 +20,23 @@ MAX_LISTED_CHECKS = 200
 MAX_PLOTTED_TOKENS = 20_000
 #: prompt ids shown per sequence of a reproducer (the replay command carries the full case)
 MAX_PROMPT_IDS = 256
+#: prompts shown of a reproducer's batch
+MAX_PROMPTS = 16
 
 VERDICTS = {
     "pass": ("ok", "CERTIFIED"),
     "fail": ("bad", "NOT CERTIFIED"),
     "incomplete": ("warn", "INCOMPLETE"),
 }
-STATUS_MARK = {"pass": "✔ pass", "fail": "✘ fail", "error": "✘ error", "skip": "– skip"}
+STATUS_MARK = {
+    "pass": "✔ pass",
+    "fail": "✘ fail",
+    "error": "✘ error",
+    "interrupted": "✘ interrupted",
+    "skip": "– skip",
+}
+#: check statuses that stop a stack from being certified
+_BAD = ("fail", "error", "interrupted")
 
 
 def render_html(report: dict, *, rl_curves: list[dict] | None = None) -> str:
@@ -77,7 +88,7 @@ def verdict_banner(report: dict) -> Markup:
     verdict = str(report.get("verdict"))
     cls, word = VERDICTS.get(verdict, ("warn", verdict.upper()))
     statuses = Counter(c.get("status") for c in report["checks"])
-    failed = statuses["fail"] + statuses["error"]
+    failed = sum(statuses[s] for s in _BAD)
     detail = f"{statuses['pass']} of {len(report['checks'])} checks passed"
     if failed:
         detail += f", {failed} failed"
@@ -134,11 +145,19 @@ def run_table(report: dict) -> Markup:
     )
 
 
+def suite_status(counts: Counter) -> str:
+    """A suite fails if any check did; it passed only if a check passed (and none failed);
+    a suite whose checks were all skipped shows as skipped."""
+    if any(counts[s] for s in _BAD):
+        return "fail"
+    return "pass" if counts["pass"] else "skip"
+
+
 def suite_overview(grouped: dict[str, list[dict]]) -> Markup:
     rows = []
     for name, checks in grouped.items():
         counts = Counter(c.get("status") for c in checks)
-        mark = _mark("fail" if counts["fail"] or counts["error"] else "pass")
+        mark = _mark(suite_status(counts))
         link = Markup(f'<a href="#suite-{esc(_anchor(name))}">{esc(name)}</a>')
         rows.append(
             [
@@ -161,7 +180,7 @@ def suite_overview(grouped: dict[str, list[dict]]) -> Markup:
 
 def suite_section(name: str, checks: list[dict]) -> Markup:
     parts: list[object] = [tag("h2", name), metric_table(checks)]
-    failing = [c for c in checks if c.get("status") in ("fail", "error")]
+    failing = [c for c in checks if c.get("status") in _BAD]
     if failing:
         parts.append(tag("h3", f"Failing cases ({len(failing)})"))
         parts += [failing_case(c) for c in failing[:MAX_DETAILED_FAILURES]]
@@ -172,7 +191,7 @@ def suite_section(name: str, checks: list[dict]) -> Markup:
                     failing[MAX_DETAILED_FAILURES:],
                 )
             )
-    others = [c for c in checks if c.get("status") not in ("fail", "error")]
+    others = [c for c in checks if c.get("status") not in _BAD]
     if others:
         parts.append(_listing(f"{len(others)} passing or skipped checks", others))
     # failing checks first, so a capped pool keeps the samples that explain the failure
@@ -200,13 +219,13 @@ def metric_table(checks: list[dict]) -> Markup:
     violated = Counter(
         v.get("metric") for c in checks for v in (c.get("violations") or []) if isinstance(v, dict)
     )
-    worst = worst_metrics(checks)
+    worst = worst_metrics(c.get("metrics") or {} for c in checks)
     # thresholded metrics first, in the profile's order; unthresholded ones are informational
     names = list(thresholds) + [m for m in worst if m not in thresholds]
     rows = []
     for metric in names:
         bound = thresholds.get(metric)
-        sign = "≥" if is_lower_bound(metric) else "≤"
+        sign = _sign(metric)
         if bound is None:
             mark: object = ""
         elif violated[metric]:
@@ -251,8 +270,7 @@ def failing_case(check: dict) -> Markup:
                         f" {as_text(v.get('value'))} ",
                         tag(
                             "span",
-                            f"(bound {'≥' if v.get('bound') == 'min' else '≤'} "
-                            f"{as_text(v.get('threshold'))})",
+                            f"(bound {_sign(v.get('metric'))} {as_text(v.get('threshold'))})",
                             cls="k",
                         ),
                     ]
@@ -264,6 +282,15 @@ def failing_case(check: dict) -> Markup:
         parts.append(
             tag("div", join([tag("span", "violated: ", cls="k"), *items]), cls="violations")
         )
+    shrink = check.get("shrink")
+    if isinstance(shrink, dict):
+        how = (
+            f"shrinking cut short after {as_text(shrink.get('seconds'))} s: the case below "
+            "may not be minimal"
+            if shrink.get("cut_short")
+            else f"shrunk in {as_text(shrink.get('seconds'))} s"
+        )
+        parts.append(tag("p", f"{how} ({shrink.get('examples')} examples)", cls="sub"))
     case = check.get("worst_case")
     if isinstance(case, dict):
         parts.append(reproducer(case))
@@ -272,11 +299,14 @@ def failing_case(check: dict) -> Markup:
 
 def reproducer(case: dict) -> Markup:
     rows: list[tuple[str, object]] = []
-    for k, ids in enumerate(case.get("prompt_ids") or []):
+    prompts = list(case.get("prompt_ids") or [])
+    for k, ids in enumerate(prompts[:MAX_PROMPTS]):
         ids = list(ids) if isinstance(ids, list) else [ids]
         shown = ", ".join(str(i) for i in ids[:MAX_PROMPT_IDS])
         more = f", … ({len(ids) - MAX_PROMPT_IDS} more)" if len(ids) > MAX_PROMPT_IDS else ""
         rows.append((f"prompt {k}", tag("code", f"[{shown}{more}]")))
+    if len(prompts) > MAX_PROMPTS:
+        rows.append(("", f"… {len(prompts) - MAX_PROMPTS} more prompts (in report.json)"))
     for key in ("batch_shape", "sampling"):
         if case.get(key) is not None:
             rows.append((key.replace("_", " "), _pairs(case[key])))
@@ -348,6 +378,10 @@ def _listing(title: str, checks: list[dict]) -> Markup:
             ]
         ),
     )
+
+
+def _sign(metric: object) -> str:
+    return BY_NAME[metric].sign() if metric in BY_NAME else "≤"
 
 
 def _mark(status: str, text: str | None = None) -> Markup:

@@ -1,21 +1,13 @@
-"""Reading report.json (schema 1, see docs) and the per-metric facts the report and gate share."""
+"""Reading report.json (schema 1, see docs)."""
 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Iterable
 from pathlib import Path
 
 from conformance.errors import UsageError
 
 SCHEMA = 1
-
-#: metrics whose profile threshold is a lower bound (higher is better); all others are upper
-#: bounds. Mirrors ``conformance.profiles.LOWER_BOUNDS``, which cannot be imported here
-#: (profiles validates names against the metrics module, which needs torch); a test keeps
-#: the two equal.
-LOWER_BOUND_METRICS = frozenset({"pcc", "exact_match_rate", "rho_min"})
 
 
 def load_report(path: Path) -> dict:
@@ -57,33 +49,6 @@ def validate_report(report: object, where: str = "report") -> None:
         )
     if not isinstance(report.get("stack"), dict):
         raise UsageError(f"{where} has no 'stack' object", "regenerate it with certify")
-
-
-def is_lower_bound(metric: str) -> bool:
-    return metric in LOWER_BOUND_METRICS
-
-
-def worst(metric: str, values: Iterable[float]) -> float | None:
-    """The worst finite-or-not value of ``metric``: the minimum for lower bounds, else the max.
-
-    NaN counts as worst of all, since a NaN metric means the measurement broke.
-    """
-    vals = [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
-    if not vals:
-        return None
-    nans = [v for v in vals if math.isnan(v)]
-    if nans:
-        return nans[0]
-    return min(vals) if is_lower_bound(metric) else max(vals)
-
-
-def worst_metrics(checks: Iterable[dict]) -> dict[str, float | None]:
-    """Per metric name, the worst value over ``checks``' ``metrics`` dicts (sorted by name)."""
-    values: dict[str, list[float]] = {}
-    for check in checks:
-        for name, value in (check.get("metrics") or {}).items():
-            values.setdefault(name, []).append(value)
-    return {name: worst(name, values[name]) for name in sorted(values)}
 
 
 def suites(report: dict) -> dict[str, list[dict]]:

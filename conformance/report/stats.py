@@ -11,9 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-#: π_train bin edges for the ρ-by-probability plot (objective-level-hacking Fig. 7 uses
-#: probability intervals; low-probability tokens are where ρ spreads, so the low end is finer)
-PROB_BIN_EDGES = (0.0, 0.001, 0.01, 0.1, 0.5, 0.9, 1.0)
+from conformance.metric_table import PROB_BIN_EDGES
 
 
 @dataclass(frozen=True)

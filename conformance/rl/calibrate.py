@@ -41,6 +41,15 @@ DROP_SPAN = 5
 DROP_FRACTION = 0.5
 
 
+#: the training regimes every case runs in: rl-smoke's default (one update per rollout batch,
+#: recomputed old policy) and the seeds' (issue 13: 4 updates, the engine's log-probs as the old
+#: policy), as ``RunConfig`` fields
+REGIMES: dict[str, dict[str, Any]] = {
+    "k1": {},
+    "k4e": {"updates_per_step": 4, "old_logprobs": "engine"},
+}
+
+
 @dataclass(frozen=True)
 class Case:
     """A scenario on a stack, and what each verdict should say (None: not judged)."""
@@ -50,12 +59,18 @@ class Case:
     scenario: Scenario
     alarm_expected: bool | None
     collapse_expected: bool | None
+    regime: str = "k1"
+
+    @property
+    def name(self) -> str:
+        return f"{self.label}-{self.regime}"
 
 
 def cases(steps: int) -> list[Case]:
     mid = steps // 2
-    return [
+    base = [
         Case("exact", "float32", Scenario("exact"), False, False),
+        Case("exact-bf16-sampling", "bfloat16", Scenario("exact"), False, False),
         Case("natural-fp32", "float32", Scenario("natural"), False, False),
         Case("natural-bf16", "bfloat16", Scenario("natural"), False, False),
         Case("unbiased", "float32", Scenario("unbiased"), False, None),
@@ -63,6 +78,7 @@ def cases(steps: int) -> list[Case]:
         Case("inject", "float32", Scenario("inject", at=mid), True, None),
         Case("lr-jump", "float32", Scenario("lr-jump", at=mid), None, True),
     ]
+    return [replace(c, regime=r) for r in REGIMES for c in base]
 
 
 def reward_drop_step(rows: Sequence[dict[str, Any]], at: int) -> int | None:
@@ -113,8 +129,10 @@ def _complete(out: Path, steps: int) -> bool:
 def measure(case: Case, seed: int, steps: int, runs_dir: Path) -> RunRecord:
     spec = replace(StackSpec(), engine_dtype=case.engine_dtype)
     profile = load_profile(implied_profile(case.engine_dtype, spec.backend_dtype))
-    config = RunConfig(scenario=case.scenario, steps=steps, seed=seed, profile=profile)
-    out = runs_dir / f"{case.label}-s{seed}"
+    config = RunConfig(
+        scenario=case.scenario, steps=steps, seed=seed, profile=profile, **REGIMES[case.regime]
+    )
+    out = runs_dir / f"{case.name}-s{seed}"
     if not _complete(out, steps):
         engine, backend = build_stack(spec)
         try:
@@ -146,6 +164,37 @@ def judge(firings: list[Firing], expected: bool | None, start: int | None) -> st
     return f"TP@{first}"
 
 
+def first_step(firings: list[Firing]) -> int | None:
+    return min((f.step for f in firings), default=None)
+
+
+def totals(records: list[RunRecord]) -> list[str]:
+    """The record in four lines: false alarms, false collapses, what was caught and how soon."""
+
+    def delays(pairs: list[tuple[int | None, int | None]]) -> str:
+        found = [fired - ref for fired, ref in pairs if fired is not None and ref is not None]
+        caught = sum(fired is not None for fired, _ in pairs)
+        span = f", {min(found)}–{max(found)} steps after" if found else ""
+        return f"{caught}/{len(pairs)}{span}"
+
+    quiet_alarm = [r for r in records if r.case.alarm_expected is False]
+    quiet_crash = [r for r in records if r.case.collapse_expected is False]
+    injected = [r for r in records if r.case.alarm_expected]
+    crashed = [r for r in records if r.case.collapse_expected]
+    return [
+        f"- Mismatch alarm on runs that must stay quiet: {sum(bool(r.alarm) for r in quiet_alarm)}"
+        f" false alarms in {len(quiet_alarm)} runs.",
+        f"- Collapse detector on runs that must not collapse: "
+        f"{sum(bool(r.collapse) for r in quiet_crash)} false collapses in {len(quiet_crash)} runs.",
+        "- Injected mismatch caught: "
+        + delays([(first_step(r.alarm), r.case.scenario.at) for r in injected])
+        + " the injection starts.",
+        "- Collapse caught: "
+        + delays([(first_step(r.collapse), r.drop_step) for r in crashed])
+        + " the reward actually dropped.",
+    ]
+
+
 def render(records: list[RunRecord], steps: int) -> str:
     mrules, crules = MismatchRules(), CollapseRules()
     lines = [
@@ -161,6 +210,16 @@ def render(records: list[RunRecord], steps: int) -> str:
         "",
         f"Collapse rules: `{crules}`.",
         "",
+        "Regimes (the case name's suffix): "
+        + "; ".join(
+            f"`{k}` = {v or 'rl-smoke defaults (1 update, recomputed old policy)'}"
+            for k, v in REGIMES.items()
+        )
+        + ". `exact-bf16-sampling` replaces a bf16 engine's log-probs by the trainer's: ρ ≡ 1 "
+        "while the tokens are still sampled in bf16.",
+        "",
+        *totals(records),
+        "",
         "Verdicts: TP/FP/TN/FN against the case's expectation (— and fired@ = not judged). "
         "An alarm before `at` in `inject` is a false positive. For `lr-jump`, `drop` is the "
         "hindsight step at which the reward actually fell (mean of the next "
@@ -172,11 +231,11 @@ def render(records: list[RunRecord], steps: int) -> str:
     ]
     for r in records:
         at = r.case.scenario.at if r.case.scenario.name in ("inject", "lr-jump") else None
-        alarm_first = min((f.step for f in r.alarm), default=None)
-        crash_first = min((f.step for f in r.collapse), default=None)
+        alarm_first = first_step(r.alarm)
+        crash_first = first_step(r.collapse)
         lead = crash_first - alarm_first if None not in (alarm_first, crash_first) else None
         lines.append(
-            f"| {r.case.label} | {r.seed} | {'' if at is None else at} "
+            f"| {r.case.name} | {r.seed} | {'' if at is None else at} "
             f"| {judge(r.alarm, r.case.alarm_expected, at)} "
             f"| {', '.join(f'{f.rule} ({f.step})' for f in r.alarm) or '—'} "
             f"| {judge(r.collapse, r.case.collapse_expected, at)} "
@@ -190,7 +249,7 @@ def render(records: list[RunRecord], steps: int) -> str:
     lines.append("|---|---|" + "---|" * len(keys))
     for r in records:
         values = " | ".join(f"{r.margins[k]:.3g}" for k in keys)
-        lines.append(f"| {r.case.label} | {r.seed} | {values} |")
+        lines.append(f"| {r.case.name} | {r.seed} | {values} |")
     lines += ["", "## Per rule: how often it fired, by case", ""]
     rules = [
         "profile",
@@ -203,13 +262,13 @@ def render(records: list[RunRecord], steps: int) -> str:
         "grad_norm",
         "length",
     ]
-    labels = list(dict.fromkeys(r.case.label for r in records))
+    labels = list(dict.fromkeys(r.case.name for r in records))
     lines.append("| rule | " + " | ".join(labels) + " |")
     lines.append("|---|" + "---|" * len(labels))
     for rule in rules:
         cells = []
         for label in labels:
-            runs = [r for r in records if r.case.label == label]
+            runs = [r for r in records if r.case.name == label]
             fired = sum(any(f.rule == rule for f in r.alarm + r.collapse) for r in runs)
             cells.append(f"{fired}/{len(runs)}")
         lines.append(f"| {rule} | " + " | ".join(cells) + " |")
@@ -226,12 +285,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="tim-rl-calibration-"))
-    chosen = [c for c in cases(args.steps) if args.cases is None or c.label in args.cases]
+    chosen = [
+        c for c in cases(args.steps) if args.cases is None or {c.label, c.name} & set(args.cases)
+    ]
     records = []
     for case in chosen:
         for seed in args.seeds:
             records.append(measure(case, seed, args.steps, runs_dir))
-            print(f"{case.label} seed {seed}: {records[-1].seconds:.0f} s", flush=True)
+            print(f"{case.name} seed {seed}: {records[-1].seconds:.0f} s", flush=True)
     args.out.write_text(render(records, args.steps))
     print(f"wrote {args.out}")
     return 0

@@ -1,8 +1,9 @@
 """GRPO math and the mismatch remedies, as pure functions over padded ``[B, T]`` tensors.
 
 ``mask`` marks the valid (response) tokens. Log-probabilities: ``lp`` is the trainer's current
-(with grad), ``lp_old`` the trainer's recompute at the rollout weights (detached), ``lp_infer``
-the engine's. ``ρ = π_train(θ_old) / π_infer(θ_old) = exp(lp_old − lp_infer)`` (BACKGROUND §1).
+(with grad), ``lp_old`` the old policy of the ratio (detached: the trainer's recompute at the
+rollout weights, or the engine's own log-probs), ``lp_infer`` the engine's.
+``ρ = π_train(θ_old) / π_infer(θ_old) = exp(lp_recompute − lp_infer)`` (BACKGROUND §1).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import torch
 
 from conformance.errors import UsageError
 
-#: PPO/GRPO clip range (objective-level-hacking Eq. 2)
+#: PPO/GRPO clip range, both sides (objective-level-hacking Eq. 2 and §4.1)
 CLIP_EPS = 0.2
-#: GSPO's sequence-level clip range (Zheng et al. 2025, GSPO §5: 3e-4 left, 4e-4 right)
+#: GSPO's sequence-level clip range (Zheng et al. 2025, GSPO §5; objective-level-hacking §4.1:
+#: 3e-4 left, 4e-4 right)
 GSPO_EPS = (3e-4, 4e-4)
 #: TIS cap C (Yao et al. 2025; verl ``tis_imp_ratio_cap``)
 TIS_CAP = 2.0
@@ -44,18 +46,21 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return centred / (rewards.std(dim=1, keepdim=True) + eps)
 
 
-def sequence_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``(1/G) Σ_i (1/|o_i|) Σ_t values[i, t]`` over valid tokens (Eq. 2's aggregation)."""
-    per_seq = (values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
-    return per_seq.mean()
-
-
 @dataclass
 class Surrogate:
-    #: the loss to minimise (the negated objective)
-    loss: torch.Tensor
-    #: fraction of valid tokens (or sequences, for GSPO) whose ratio was clipped
-    clip_fraction: float
+    """A clipped surrogate evaluated on a batch: the objective and where the clip acted."""
+
+    #: ``[B]``: each sequence's objective term (to maximise); the GRPO objective is their mean
+    per_sequence: torch.Tensor
+    #: ``[B, T]``: valid tokens whose gradient the lower clip cut (ratio < 1 − ε_low, Â < 0)
+    clipped_low: torch.Tensor
+    #: ``[B, T]``: valid tokens whose gradient the upper clip cut (ratio > 1 + ε_high, Â > 0)
+    clipped_high: torch.Tensor
+
+    @property
+    def loss(self) -> torch.Tensor:
+        """The negated objective of Eq. 2, ``−(1/G) Σ_i per_sequence[i]``."""
+        return -self.per_sequence.mean()
 
 
 def clipped_surrogate(
@@ -64,44 +69,63 @@ def clipped_surrogate(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     weights: torch.Tensor | None = None,
-    eps: float = CLIP_EPS,
+    eps: tuple[float, float] = (CLIP_EPS, CLIP_EPS),
 ) -> Surrogate:
-    """Token-level clipped surrogate, negated, with optional per-token weights ``w``.
+    """Token-level clipped surrogate with decoupled clip ranges and optional token weights ``w``.
 
-    ``−(1/G) Σ_i (1/|o_i|) Σ_t w_{i,t} · min(r A, clip(r, 1 − ε, 1 + ε) A)``,
-    ``r = exp(lp − lp_old)``, ``A`` broadcast per sequence (objective-level-hacking Eq. 2, 17).
+    ``per_sequence[i] = (1/|o_i|) Σ_t w_{i,t} · min(r A_i, clip(r, 1 − ε_low, 1 + ε_high) A_i)``,
+    ``r = exp(lp − lp_old)`` (objective-level-hacking Eq. 2, 17; DAPO's decoupled clip,
+    Yu et al. 2025, with ``eps = (ε_low, ε_high)``). The clip acts — the token's gradient is
+    zero — where ``r < 1 − ε_low`` with ``Â < 0`` or ``r > 1 + ε_high`` with ``Â > 0`` (verl's
+    ``pg_clipfrac``).
     """
-    ratio = torch.exp(lp - lp_old)
+    ratio = torch.exp(torch.where(mask, lp - lp_old, torch.zeros_like(lp)))
     adv = advantages.unsqueeze(1)
-    clipped = torch.clamp(ratio, 1 - eps, 1 + eps)
+    clipped = torch.clamp(ratio, 1 - eps[0], 1 + eps[1])
     objective = torch.minimum(ratio * adv, clipped * adv)
     if weights is not None:
         objective = objective * weights
-    outside = ((ratio - 1).abs() > eps) & mask
+    per_sequence = (objective * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
     return Surrogate(
-        loss=-sequence_mean(objective, mask),
-        clip_fraction=float(outside.sum() / mask.sum().clamp(min=1)),
+        per_sequence=per_sequence,
+        clipped_low=(ratio < 1 - eps[0]) & (adv < 0) & mask,
+        clipped_high=(ratio > 1 + eps[1]) & (adv > 0) & mask,
     )
 
 
 def gspo_surrogate(
     lp: torch.Tensor,
-    lp_behaviour: torch.Tensor,
+    lp_old: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     eps: tuple[float, float] = GSPO_EPS,
+    weights: torch.Tensor | None = None,
 ) -> Surrogate:
-    """GSPO: clip the sequence ratio ``s_i = exp((1/|o_i|) Σ_t (lp − lp_behaviour))``.
+    """GSPO-token: one clipped ratio per sequence, ``s_i = exp((1/|o_i|) Σ_t (lp − lp_old))``.
 
-    ``−mean_i min(s_i A_i, clip(s_i, 1 − ε_l, 1 + ε_r) A_i)`` (Zheng et al. 2025, Eq. 5–7). The
-    behaviour log-probs are the engine's: one ratio per sequence averages token-level mismatch.
+    ``per_sequence[i] = (1/|o_i|) Σ_t w_{i,t} min(s_{i,t} A_i, clip(s_{i,t}, 1 − ε_low,
+    1 + ε_high) A_i)`` with ``s_{i,t} = sg[s_i] · π(o_t) / sg[π(o_t)]`` (Zheng et al. 2025,
+    Eq. 5–7 and GSPO-token Eq. 13; objective-level-hacking Eq. 16, 19). Its value is
+    ``s_i``'s and, without weights, its gradient is GSPO's; ``w`` weights each token's term (the
+    injected distortions of Eq. 19–21). A clipped sequence has all its tokens cut.
     """
     lengths = mask.sum(dim=1).clamp(min=1)
-    seq_ratio = torch.exp(((lp - lp_behaviour) * mask).sum(dim=1) / lengths)
-    clipped = torch.clamp(seq_ratio, 1 - eps[0], 1 + eps[1])
-    objective = torch.minimum(seq_ratio * advantages, clipped * advantages)
-    outside = (seq_ratio < 1 - eps[0]) | (seq_ratio > 1 + eps[1])
-    return Surrogate(loss=-objective.mean(), clip_fraction=float(outside.float().mean()))
+    diff = torch.where(mask, lp - lp_old, torch.zeros_like(lp))
+    seq_ratio = torch.exp(diff.detach().sum(dim=1) / lengths)
+    lp_valid = torch.where(mask, lp, torch.zeros_like(lp))
+    token_ratio = seq_ratio.unsqueeze(1) * torch.exp(lp_valid - lp_valid.detach())
+    adv = advantages.unsqueeze(1)
+    clipped = torch.clamp(token_ratio, 1 - eps[0], 1 + eps[1])
+    objective = torch.minimum(token_ratio * adv, clipped * adv)
+    if weights is not None:
+        objective = objective * weights
+    low = ((seq_ratio < 1 - eps[0]) & (advantages < 0)).unsqueeze(1)
+    high = ((seq_ratio > 1 + eps[1]) & (advantages > 0)).unsqueeze(1)
+    return Surrogate(
+        per_sequence=(objective * mask).sum(dim=1) / lengths,
+        clipped_low=low & mask,
+        clipped_high=high & mask,
+    )
 
 
 def rho(lp_old: torch.Tensor, lp_infer: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,15 @@
 """The smoke run: GRPO through the real engine and backend, streaming ``rl.jsonl``.
 
 Each step: the engine samples ``group`` responses per prompt with its own log-probs; the backend
-recomputes them with grad (``lp_old`` = that recompute, detached, as verl recomputes old
-log-probs); one clipped-surrogate Adam step; the new weights go into the engine
-(``Engine.load_weights``). Without a remedy the mismatch acts only through the sampling
-distribution (objective-level-hacking Eq. 4, 8); the IS remedies weight tokens by ρ
-(``grpo.remedy_weights``); GSPO clips one ratio per sequence against the engine's log-probs.
+recomputes them at the rollout weights (``lp_old``, as verl recomputes old log-probs; it gives
+ρ = exp(lp_old − lp_infer) and the entropy); then ``updates_per_step`` optimizer steps, each on
+the next contiguous 1/K of the batch, through the Backend training protocol
+(``Backend.update``, loss ``conformance.rl.objective.policy_loss``); the new weights go into the
+engine (``Backend.state_dict`` → ``Engine.load_weights``). The importance ratio's old policy is
+``lp_old`` (``old_logprobs="recompute"``: with K = 1 the ratio is 1 and the mismatch acts only
+through the sampling distribution, objective-level-hacking Eq. 4, 8) or the engine's log-probs
+(``"engine"``: the mismatch enters the ratio and its clip directly). The IS remedies weight
+tokens by ρ (``grpo.remedy_weights``); ``gspo`` clips one ratio per sequence.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from conformance.backends import BACKENDS, Backend
 from conformance.engines import ENGINES, Engine, SamplingSpec
 from conformance.errors import UsageError
 from conformance.metrics import mismatch_metrics, rho_by_prob_bin
+from conformance.models import inspect_model
 from conformance.profiles import Profile
 from conformance.rl import grpo
 from conformance.rl.detectors import (
@@ -35,14 +40,20 @@ from conformance.rl.detectors import (
     lead_steps,
     mismatch_alarm,
 )
+from conformance.rl.objective import (
+    Objective,
+    PolicyBatch,
+    response_logprobs,
+    response_mask,
+    step_stats,
+)
+from conformance.rl.options import OLD_LOGPROBS, UPDATES_PER_STEP
 from conformance.rl.scenarios import Scenario
 from conformance.rl.schedules import FLOOR_FRACTION, LengthDecaySchedule
 from conformance.rl.task import CountingTask, counting_task, position_reward
-from conformance.rl.warmstart import response_slice, warm_start
+from conformance.rl.warmstart import warm_start
 from conformance.stack import StackSpec
 
-#: gradient-norm clip (verl's default ``grad_clip``); the logged norm is the one before clipping
-MAX_GRAD_NORM = 1.0
 #: ρ outside [1/OUTSIDE_BAND, OUTSIDE_BAND] counts as extreme (the TIS/MIS cap C = 2)
 OUTSIDE_BAND = 2.0
 
@@ -61,6 +72,13 @@ class RunConfig:
     warm_steps: int = 20
     warm_lr: float = 3e-3
     long: bool = False
+    #: K: optimizer updates per rollout batch, each on the next contiguous 1/K of it
+    updates_per_step: int = UPDATES_PER_STEP
+    #: the ratio's old policy: "recompute" (the trainer at the rollout weights) or "engine"
+    old_logprobs: str = OLD_LOGPROBS[0]
+    #: ratio clip range (None: the objective's default, 0.2 / 0.2, GSPO 3e-4 / 4e-4)
+    clip_low: float | None = None
+    clip_high: float | None = None
     #: the stack's tolerance profile: the alarm's level rule (None: not consulted)
     profile: Profile | None = None
     mismatch_rules: MismatchRules = field(default_factory=MismatchRules)
@@ -71,16 +89,27 @@ class RunConfig:
             raise UsageError(
                 f"unknown remedy {self.remedy!r}", f"choose one of: {', '.join(grpo.REMEDIES)}"
             )
-        if self.remedy == "gspo" and self.scenario.name in ("biased", "unbiased"):
-            raise UsageError(
-                f"gspo has no token weights for scenario {self.scenario.name!r}",
-                "use a token-level remedy (none, tis, mis, icepop, seq-mis)",
-            )
         if self.steps < 1 or self.prompts < 1 or self.group < 2 or self.warm_steps < 0:
             raise UsageError(
                 f"steps={self.steps} prompts={self.prompts} group={self.group}",
                 "use steps >= 1, prompts >= 1, group >= 2, warm steps >= 0",
             )
+        if not 1 <= self.updates_per_step <= self.prompts * self.group:
+            raise UsageError(
+                f"--updates-per-step {self.updates_per_step} with {self.prompts * self.group} "
+                "responses per step",
+                "use 1 <= K <= prompts × group (each update needs at least one response)",
+            )
+        if self.old_logprobs not in OLD_LOGPROBS:
+            raise UsageError(
+                f"--old-logprobs {self.old_logprobs!r}", f"use one of: {', '.join(OLD_LOGPROBS)}"
+            )
+        self.objective  # noqa: B018 — validates the clip range up front
+
+    @property
+    def objective(self) -> Objective:
+        kind = "seq-clip" if self.remedy == "gspo" else "token-clip"
+        return Objective(kind, self.clip_low, self.clip_high)
 
 
 @dataclass(frozen=True)
@@ -91,6 +120,11 @@ class RLSummary:
     steps: int
     mismatch_alarm: Verdict
     collapse: Verdict
+    #: the training regime: updates per rollout batch, the ratio's old policy, the clip range
+    updates_per_step: int = UPDATES_PER_STEP
+    old_logprobs: str = OLD_LOGPROBS[0]
+    clip_low: float = 0.0
+    clip_high: float = 0.0
 
     @property
     def lead_steps(self) -> int | None:
@@ -107,6 +141,10 @@ class RLSummary:
             "remedy": self.remedy,
             "seed": self.seed,
             "steps": self.steps,
+            "updates_per_step": self.updates_per_step,
+            "old_logprobs": self.old_logprobs,
+            "clip_low": self.clip_low,
+            "clip_high": self.clip_high,
             "mismatch_alarm": self.mismatch_alarm.as_dict(),
             "collapse": self.collapse.as_dict(),
             "lead_steps": self.lead_steps,
@@ -114,14 +152,13 @@ class RLSummary:
 
 
 def task_for(backend: Backend, long: bool) -> CountingTask:
-    config = getattr(backend.module, "config", None)
-    eos = getattr(config, "eos_token_id", None)
-    if config is None or eos is None:
+    info = inspect_model(backend.config.model)
+    if info.eos_token_id is None:
         raise UsageError(
             "the backend's model declares no eos_token_id", "use a model whose config sets one"
         )
-    special = [getattr(config, k, None) for k in ("bos_token_id", "pad_token_id")]
-    return counting_task(config.vocab_size, eos, [s for s in special if s is not None], long=long)
+    special = [s for s in (info.bos_token_id, info.pad_token_id) if s is not None]
+    return counting_task(info.vocab_size, info.eos_token_id, special, long=long)
 
 
 def run_smoke(engine: Engine, backend: Backend, config: RunConfig, out_dir: Path) -> RLSummary:
@@ -130,9 +167,8 @@ def run_smoke(engine: Engine, backend: Backend, config: RunConfig, out_dir: Path
     rng = random.Random(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     task = task_for(backend, config.long)
-    warm_start(backend, task, steps=config.warm_steps, lr=config.warm_lr, rng=rng)
-    sync(engine, backend.module.state_dict())
-    optimizer = torch.optim.Adam(backend.module.parameters(), lr=config.lr)
+    trained(warm_start, backend, task, steps=config.warm_steps, lr=config.warm_lr, rng=rng)
+    sync(engine, trained(backend.state_dict))
     decay = LengthDecaySchedule(config.lr) if config.remedy == "lr-decay" else None
     out_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -143,7 +179,7 @@ def run_smoke(engine: Engine, backend: Backend, config: RunConfig, out_dir: Path
             if config.remedy == "lr-low":
                 base_lr *= FLOOR_FRACTION
             lr = base_lr * config.scenario.lr_factor(step)
-            row = rl_step(engine, backend, optimizer, task, config, step, lr, rng, generator)
+            row = rl_step(engine, backend, task, config, step, lr, rng, generator)
             rows.append(row)
             stream.write(json.dumps(row) + "\n")
             stream.flush()
@@ -154,6 +190,10 @@ def run_smoke(engine: Engine, backend: Backend, config: RunConfig, out_dir: Path
         steps=config.steps,
         mismatch_alarm=mismatch_alarm(rows, config.mismatch_rules, config.profile),
         collapse=collapse(rows, config.collapse_rules),
+        updates_per_step=config.updates_per_step,
+        old_logprobs=config.old_logprobs,
+        clip_low=config.objective.eps[0],
+        clip_high=config.objective.eps[1],
     )
     (out_dir / "rl-summary.json").write_text(json.dumps(summary.as_dict(), indent=2) + "\n")
     return summary
@@ -179,10 +219,17 @@ def sync(engine: Engine, state: dict[str, torch.Tensor] | Any) -> None:
         raise UsageError(str(exc), "run rl-smoke with an engine that has load_weights") from exc
 
 
+def trained(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """``call(...)`` on the backend's training protocol; a backend without it is refused."""
+    try:
+        return call(*args, **kwargs)
+    except NotImplementedError as exc:
+        raise UsageError(str(exc), "run rl-smoke with a backend that can train (hf)") from exc
+
+
 def rl_step(
     engine: Engine,
     backend: Backend,
-    optimizer: torch.optim.Optimizer,
     task: CountingTask,
     config: RunConfig,
     step: int,
@@ -190,7 +237,7 @@ def rl_step(
     rng: random.Random,
     generator: torch.Generator,
 ) -> dict[str, Any]:
-    """One GRPO step; returns its ``rl.jsonl`` row."""
+    """One GRPO step (a rollout batch, K updates, a weight sync); returns its ``rl.jsonl`` row."""
     started = time.perf_counter()
     problems = [p for p in task.problems(config.prompts, rng) for _ in range(config.group)]
     spec = SamplingSpec(
@@ -204,37 +251,31 @@ def rl_step(
     accuracy = statistics.mean(float(c.tokens == p.target) for c, p in pairs)
     advantages = grpo.group_advantages(rewards.view(config.prompts, config.group)).view(-1)
 
-    out = backend.recompute([c.sequence for c in completions], grad=True)
-    lp = pad_sequence(
-        [response_slice(x, len(p.prompt)) for x, p in zip(out.logprobs, problems, strict=True)],
-        batch_first=True,
-    ).float()
-    entropy = pad_sequence(
-        [response_slice(x, len(p.prompt)) for x, p in zip(out.entropy, problems, strict=True)],
-        batch_first=True,
-    )
+    sequences = tuple(tuple(c.sequence) for c in completions)
+    prompt_lengths = tuple(len(p.prompt) for p in problems)
+    out = backend.recompute(sequences)
+    lp_old = response_logprobs(out.logprobs, prompt_lengths).float()
+    entropy = response_logprobs(out.entropy, prompt_lengths)
     lengths = torch.tensor([len(c.tokens) for c in completions])
-    mask = torch.arange(lp.shape[1])[None, :] < lengths[:, None]
-    lp_old = lp.detach()
+    mask = response_mask(lengths, lp_old.shape[1])
     engine_lp = pad_sequence([torch.tensor(c.logprobs) for c in completions], batch_first=True)
-    lp_infer = config.scenario.rollout_logprobs(engine_lp.to(lp_old.dtype), lp_old)
+    lp_infer = config.scenario.rollout_logprobs(step, engine_lp.to(lp_old.dtype), lp_old)
 
     weights = config.scenario.token_weights(step, lp_old.exp(), generator)
-    if config.remedy == "gspo":
-        surrogate = grpo.gspo_surrogate(lp, lp_infer, advantages, mask)
-    else:
-        remedy_w = grpo.remedy_weights(config.remedy, lp_old, lp_infer, mask)
-        if remedy_w is not None:
-            weights = remedy_w if weights is None else weights * remedy_w
-        surrogate = grpo.clipped_surrogate(lp, lp_old, advantages, mask, weights)
-
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    optimizer.zero_grad()
-    surrogate.loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(backend.module.parameters(), MAX_GRAD_NORM)
-    optimizer.step()
-    sync(engine, config.scenario.engine_weights(step, backend.module.state_dict(), generator))
+    remedy_w = grpo.remedy_weights(config.remedy, lp_old, lp_infer, mask)
+    if remedy_w is not None:
+        weights = remedy_w if weights is None else weights * remedy_w
+    batch = PolicyBatch(
+        sequences=sequences,
+        prompt_lengths=prompt_lengths,
+        objective=config.objective,
+        lr=lr,
+        old_logprobs=lp_infer if config.old_logprobs == "engine" else lp_old,
+        advantages=advantages.float(),
+        weights=weights,
+    )
+    updates = [trained(backend.update, mb) for mb in batch.minibatches(config.updates_per_step)]
+    sync(engine, config.scenario.engine_weights(step, trained(backend.state_dict), generator))
 
     rho = grpo.rho(lp_old, lp_infer, mask)
     outside = ((rho > OUTSIDE_BAND) | (rho < 1 / OUTSIDE_BAND)) & mask
@@ -244,8 +285,7 @@ def rl_step(
         "reward": float(rewards.mean()),
         "accuracy": accuracy,
         "entropy": float(entropy[mask].mean()),
-        "grad_norm": float(grad_norm),
-        "clip_fraction": surrogate.clip_fraction,
+        **step_stats(updates),
         "response_length": float(lengths.float().mean()),
         "eos_rate": statistics.mean(c.finish_reason == "eos" for c in completions),
         "J": grpo.hacking_signal(advantages, lp_old.exp(), mask),

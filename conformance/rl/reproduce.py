@@ -1,17 +1,21 @@
-"""The seeds' comparisons in miniature (docs/reproduction.md): runs, a table, and plots.
+"""The seeds' claims redone in their own regime (docs/reproduction.md): runs, tables, plots.
 
-``python -m conformance.rl.reproduce --runs-dir DIR [--plots docs/figures] [--steps N]`` runs
-each experiment once (seed 0) on the embedded stack and prints a markdown table; with
-``--plots`` it also draws the curves (needs matplotlib, a dev tool, not a dependency). Runs
-already in ``DIR`` are reused, so the table and plots can be redrawn without rerunning.
+``python -m conformance.rl.reproduce --runs-dir DIR --doc docs/reproduction.md --plots
+docs/figures`` runs every experiment of every study on the embedded stack, once per seed,
+and rewrites the generated blocks of the doc (``<!-- reproduce:KEY -->`` …
+``<!-- /reproduce:KEY -->``, one per study) and the plots. Finished runs in ``DIR`` are reused,
+so after a change to a table the same command redraws everything without rerunning; ``--only``
+picks studies. Plots need matplotlib (a dev tool, not a dependency of the harness).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,147 +27,416 @@ from conformance.rl.loop import RunConfig, build_stack, run_smoke
 from conformance.rl.scenarios import Scenario
 from conformance.stack import StackSpec
 
+Rows = list[dict[str, Any]]
+
 #: the fraction of a run's steps whose medians make its "early" and "late" figures
 EDGE = 0.2
-BASE_LR = RunConfig().lr
-#: a re-introduced mismatch from step 0 (VeXact), std ρ ≈ 0.1 on the embedded model
-INJECT = Scenario("inject", strength=0.05)
+SEEDS = (0, 1, 2)
+#: the seeds' regime at toy scale (objective-level-hacking §4.1: 128 prompts × 16 responses,
+#: 4 updates per step): 4 prompts × 8 responses, 4 mini-batch updates of 8 responses each
+REGIME: dict[str, Any] = {"prompts": 4, "group": 8, "updates_per_step": 4}
+#: long answers (128–160 tokens) cost ≈ 8× per response: 2 prompts × 8, 60 warm-start steps
+LONG: dict[str, Any] = {"long": True, "prompts": 2, "warm_steps": 60}
+#: steps of the runs whose claim is about growth, and of the long-answer runs
+GROWTH_STEPS = 400
+LONG_STEPS = 150
+#: the positive-control search's runs (one seed each unless a candidate is confirmed)
+SEARCH_STEPS = 300
 
 
 @dataclass(frozen=True)
 class Experiment:
+    """One training configuration on one stack, run once per seed."""
+
     name: str
-    question: str
     engine_dtype: str = "bfloat16"
     scenario: Scenario = field(default_factory=lambda: Scenario("natural"))
     remedy: str = "none"
-    lr: float = BASE_LR
-    long: bool = False
+    steps: int = GROWTH_STEPS
+    #: RunConfig fields beyond the regime's (lr, old_logprobs, clip_high, long, ...)
+    settings: tuple[tuple[str, Any], ...] = ()
+    #: the seeds it runs with (None: the command's ``--seeds``)
+    seeds: tuple[int, ...] | None = None
+
+    def config(self, seed: int) -> RunConfig:
+        """The run's configuration (validated before anything runs: see ``main``)."""
+        return RunConfig(
+            scenario=self.scenario,
+            remedy=self.remedy,
+            steps=self.steps,
+            seed=seed,
+            **{**REGIME, **dict(self.settings)},
+        )
 
 
-EXPERIMENTS = (
-    Experiment("exact", "natural vs exact", "float32", Scenario("exact")),
-    Experiment("natural-bf16", "natural vs exact; growth vs LR"),
-    Experiment("biased-d2", "biased vs unbiased", scenario=Scenario("biased", strength=2.0)),
-    Experiment("unbiased-s0.2", "biased vs unbiased", scenario=Scenario("unbiased", strength=0.2)),
-    Experiment("lr-1e-4", "growth vs LR", lr=1e-4),
-    Experiment("lr-1e-3", "growth vs LR", lr=1e-3),
-    Experiment("lr-3e-3", "growth vs LR; remedies at high LR", lr=3e-3),
-    Experiment("lr-3e-3-tis", "remedies at high LR", remedy="tis", lr=3e-3),
-    Experiment("lr-3e-3-lr-decay", "remedies at high LR", remedy="lr-decay", lr=3e-3),
-    Experiment("inject-0.05", "remedies under injection", "float32", INJECT),
-    Experiment("inject-0.05-tis", "remedies under injection", "float32", INJECT, remedy="tis"),
-    Experiment("long-exact", "long responses", "float32", Scenario("exact"), long=True),
-    Experiment("long-natural-bf16", "long responses", long=True),
-)  # fmt: skip
+EXACT = Scenario("exact")
 
 
-def run(exp: Experiment, steps: int, runs_dir: Path, long_steps: int) -> list[dict[str, Any]]:
-    out = runs_dir / exp.name
-    n = long_steps if exp.long else steps
+def exp(
+    name: str,
+    *,
+    dtype: str = "bfloat16",
+    scenario: Scenario | None = None,
+    remedy: str = "none",
+    steps: int = GROWTH_STEPS,
+    seeds: tuple[int, ...] | None = None,
+    **settings: Any,
+) -> Experiment:
+    """An experiment; ``settings`` are ``RunConfig`` fields beyond the regime's."""
+    scenario = scenario or Scenario("natural")
+    items = tuple(sorted(settings.items()))
+    return Experiment(name, dtype, scenario, remedy, steps, items, seeds)
+
+
+def pair(name: str, *, seeds: tuple[int, ...] | None = (0,), **kwargs: Any) -> list[Experiment]:
+    """The positive-control search's unit: a mismatched run and its ``exact`` control with the
+    same settings and seeds (the engine in fp32 and its log-probs replaced: ρ ≡ 1)."""
+    steps = kwargs.pop("steps", SEARCH_STEPS)
+    mismatched = exp(f"{name}, bf16", steps=steps, seeds=seeds, **kwargs)
+    kwargs.pop("scenario", None)
+    control = exp(f"{name}, exact", dtype="float32", scenario=EXACT, steps=steps, seeds=seeds,
+                  **kwargs)  # fmt: skip
+    return [mismatched, control]
+
+
+GSPO = {"remedy": "gspo"}
+ENGINE = {"old_logprobs": "engine"}
+
+
+@dataclass(frozen=True)
+class Study:
+    """A seed claim and the experiments that test it."""
+
+    key: str
+    claim: str
+    experiments: tuple[Experiment, ...]
+
+
+STUDIES = (
+    Study(
+        "clip",
+        "Stronger token clipping makes mismatch grow faster; sequence clipping (GSPO) does not "
+        "(objective-level-hacking §4.3, Fig. 4, Table 1)",
+        (
+            exp("token-clip-0.2/0.20", clip_high=0.2),
+            exp("token-clip-0.2/0.24", clip_high=0.24),
+            exp("token-clip-0.2/0.28", clip_high=0.28),
+            exp("seq-clip-gspo", **GSPO),
+        ),
+    ),
+    Study(
+        "distortion",
+        "A biased token-weight distortion (δ on tokens with π < 0.1, Eq. 18; up or down) makes "
+        "mismatch grow and the run degrade; unbiased noise N(1, 0.2²) does not "
+        "(objective-level-hacking §4.4, §5.1, Fig. 5, App. B.2)",
+        (
+            exp("gspo", **GSPO),
+            exp("gspo+δ=1.2", scenario=Scenario("biased", strength=1.2), **GSPO),
+            exp("gspo+δ=2", scenario=Scenario("biased", strength=2.0), **GSPO),
+            exp("gspo+δ=3", scenario=Scenario("biased", strength=3.0), **GSPO),
+            exp("gspo+δ=0", scenario=Scenario("biased", strength=0.0), **GSPO),
+            exp("gspo+noise σ=0.2", scenario=Scenario("unbiased", strength=0.2), **GSPO),
+        ),
+    ),
+    Study(
+        "remedies",
+        "Against a natural bf16 mismatch, TIS and MIS slow the damage and the length-decay LR "
+        "(Algorithm 1) stabilises training (objective-level-hacking Fig. 2; lr-scheduling §3.3)",
+        (
+            exp("exact (fp32)", dtype="float32", scenario=EXACT),
+            exp("bf16"),
+            exp("bf16+tis", remedy="tis"),
+            exp("bf16+mis", remedy="mis"),
+            exp("bf16+lr-decay", remedy="lr-decay"),
+        ),
+    ),
+    Study(
+        "old-policy",
+        "Putting the engine's log-probs into the ratio (verl bypass, decoupled PPO) lets the "
+        "mismatch into the objective; recomputing the old policy keeps it out",
+        (
+            exp("recompute, exact (fp32)", dtype="float32", scenario=EXACT),
+            exp("recompute, bf16"),
+            exp("engine, exact (fp32)", dtype="float32", scenario=EXACT, old_logprobs="engine"),
+            exp("engine, bf16", old_logprobs="engine"),
+        ),
+    ),
+    Study(
+        "long",
+        "Long answers make the mismatch matter more (per-sequence error grows with T; "
+        "lr-scheduling Thm 3.1: the gradient bias grows as T²)",
+        (
+            exp("long, exact (fp32)", dtype="float32", scenario=EXACT, steps=LONG_STEPS, **LONG),
+            exp("long, bf16", steps=LONG_STEPS, **LONG),
+            exp("long, engine, bf16", steps=LONG_STEPS, old_logprobs="engine", **LONG),
+        ),
+    ),
+    Study(
+        "search",
+        "Positive control: some realistic setting makes the *mismatch* collapse a run whose "
+        "zero-mismatch (`exact`) control, same seed and settings, does not collapse",
+        (
+            *pair("K=4, engine", **ENGINE),
+            *pair("K=8, engine", updates_per_step=8, **ENGINE),
+            *pair("K=4, engine, lr 1e-3", lr=1e-3, seeds=SEEDS, **ENGINE),
+            *pair("K=4, engine, lr 5e-4", lr=5e-4, seeds=SEEDS, **ENGINE),
+            *pair("K=4, engine, lr 7e-4", lr=7e-4, seeds=SEEDS, **ENGINE),
+            *pair("K=4, engine, gspo", **ENGINE, **GSPO),
+            *pair("K=4, engine, long", steps=LONG_STEPS, **ENGINE, **LONG),
+            *pair("K=8, engine, long", steps=LONG_STEPS, updates_per_step=8, **ENGINE, **LONG),
+            *(
+                exp(
+                    f"K=4, engine, biased engine δ={d:g}",
+                    scenario=Scenario("engine-bias", strength=d),
+                    steps=SEARCH_STEPS,
+                    seeds=(0,),
+                    **ENGINE,
+                )
+                for d in (2.0, 0.5, 10.0, 0.1)
+            ),
+            *(
+                exp(
+                    f"K=4, engine, fp32 + injected {s:g}",
+                    dtype="float32",
+                    scenario=Scenario("inject", strength=s),
+                    steps=SEARCH_STEPS,
+                    seeds=(0,),
+                    **ENGINE,
+                )
+                for s in (0.05, 0.1)
+            ),
+            exp(
+                "K=4, engine, lr 5e-4, fp32 + injected 0.1",
+                dtype="float32",
+                scenario=Scenario("inject", strength=0.1),
+                steps=SEARCH_STEPS,
+                seeds=SEEDS,
+                lr=5e-4,
+                **ENGINE,
+            ),
+        ),
+    ),
+)
+
+
+def run_dir(runs_dir: Path, experiment: Experiment, seed: int) -> Path:
+    name = experiment.name.replace("δ", "delta").replace("σ", "sigma")
+    slug = re.sub(r"[^A-Za-z0-9.=+-]+", "_", name).strip("_")
+    return runs_dir / f"{slug}-s{seed}"
+
+
+def run(experiment: Experiment, seed: int, runs_dir: Path) -> Rows:
+    """The run's rows, from ``runs_dir`` if it finished there before."""
+    out = run_dir(runs_dir, experiment, seed)
     path = out / "rl.jsonl"
-    if not (path.is_file() and len(path.read_text().splitlines()) == n):
-        # long answers cost ~10× per step on CPU: fewer prompts per step keep the run bounded
-        prompts = 2 if exp.long else RunConfig().prompts
-        warm = 60 if exp.long else RunConfig().warm_steps
-        config = RunConfig(
-            scenario=exp.scenario, remedy=exp.remedy, steps=n, lr=exp.lr, long=exp.long,
-            prompts=prompts, warm_steps=warm,
-        )  # fmt: skip
-        engine, backend = build_stack(replace(StackSpec(), engine_dtype=exp.engine_dtype))
+    if not (path.is_file() and len(path.read_text().splitlines()) == experiment.steps):
+        engine, backend = build_stack(replace(StackSpec(), engine_dtype=experiment.engine_dtype))
         try:
-            run_smoke(engine, backend, config, out)
+            run_smoke(engine, backend, experiment.config(seed), out)
         finally:
             engine.close()
             backend.close()
+        print(f"ran {out.name}", flush=True)
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def edge_median(values: Sequence[float], late: bool) -> float:
-    k = max(1, int(EDGE * len(values)))
-    return statistics.median(values[-k:] if late else values[:k])
+def value(row: dict[str, Any], key: str) -> float:
+    return float(row[key] if key in row else row["mismatch"][key])
 
 
-def row_of(exp: Experiment, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    std = [r["mismatch"]["rho_std"] for r in rows]
-    reward = [r["reward"] for r in rows]
-    early, late = edge_median(std, False), edge_median(std, True)
-    alarm, crash = mismatch_alarm(rows), collapse(rows)
-    return {
-        "experiment": exp.name,
-        "question": exp.question,
-        "steps": len(rows),
-        "reward early": edge_median(reward, False),
-        "reward late": edge_median(reward, True),
-        "accuracy late": edge_median([r["accuracy"] for r in rows], True),
-        "std ρ early": early,
-        "std ρ late": late,
-        "growth": late / early if early > 0 else float("nan"),
-        "|J| late": edge_median([abs(r["J"]) for r in rows], True),
-        "length late": edge_median([r["response_length"] for r in rows], True),
-        "alarm": f"{alarm.signal}@{alarm.step}" if alarm.fired else "—",
-        "collapse": f"{crash.signal}@{crash.step}" if crash.fired else "—",
-        "s/step": statistics.mean(r["seconds"] for r in rows),
-    }
+def edge_median(rows: Rows, key: str, late: bool) -> float:
+    k = max(1, int(EDGE * len(rows)))
+    part = rows[-k:] if late else rows[:k]
+    return statistics.median(value(r, key) for r in part)
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    keys = list(rows[0])
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    for row in rows:
-        cells = [f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()]
-        lines.append("| " + " | ".join(cells) + " |")
+def around(rows: Rows, key: str, step: int, half: int = 10) -> float:
+    """Median of ``key`` over the steps ``step ± half`` (Table 1 reports single steps; ours
+    are noisier, 64 responses per step)."""
+    near = [r for r in rows if abs(int(r["step"]) - step) <= half]
+    return statistics.median(value(r, key) for r in near) if near else math.nan
+
+
+def growth(rows: Rows) -> float:
+    early = edge_median(rows, "rho_std", late=False)
+    return edge_median(rows, "rho_std", late=True) / early if early > 0 else math.nan
+
+
+#: the columns of every study's table: name → figure of one run
+FIGURES: dict[str, Callable[[Rows], float]] = {
+    "reward early": lambda r: edge_median(r, "reward", False),
+    "reward late": lambda r: edge_median(r, "reward", True),
+    "accuracy late": lambda r: edge_median(r, "accuracy", True),
+    "std ρ early": lambda r: edge_median(r, "rho_std", False),
+    "std ρ late": lambda r: edge_median(r, "rho_std", True),
+    "growth ×": growth,
+    "entropy late": lambda r: edge_median(r, "entropy", True),
+    "length late": lambda r: edge_median(r, "response_length", True),
+    "grad norm late": lambda r: edge_median(r, "grad_norm", True),
+    "clip low": lambda r: statistics.mean(value(x, "clip_low") for x in r),
+    "clip high": lambda r: statistics.mean(value(x, "clip_high") for x in r),
+    "clip seq": lambda r: statistics.mean(value(x, "clip_seq") for x in r),
+}
+
+
+def spread(values: Sequence[float]) -> str:
+    """``mean (min–max)`` over seeds."""
+    finite = [v for v in values if not math.isnan(v)]
+    if not finite:
+        return "—"
+    mean = statistics.mean(finite)
+    if len(finite) == 1 or max(finite) == min(finite):
+        return f"{mean:.3g}"
+    return f"{mean:.3g} ({min(finite):.3g}–{max(finite):.3g})"
+
+
+def verdict_counts(runs: Sequence[Rows]) -> tuple[str, str]:
+    alarms = [mismatch_alarm(r) for r in runs]
+    crashes = [collapse(r) for r in runs]
+
+    def show(verdicts: list[Any]) -> str:
+        fired = [v for v in verdicts if v.fired]
+        steps = ",".join(f"{v.signal}@{v.step}" for v in fired)
+        return f"{len(fired)}/{len(verdicts)}" + (f" ({steps})" if fired else "")
+
+    return show(alarms), show(crashes)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def plot(runs: dict[str, list[dict[str, Any]]], groups: dict[str, list[str]], out: Path) -> None:
+def study_table(study: Study, runs: dict[str, list[Rows]]) -> str:
+    header = ["experiment", "seeds", "steps", *FIGURES, "alarm", "collapse", "s/step"]
+    rows = []
+    for e in study.experiments:
+        seeds = runs[e.name]
+        cells = [spread([figure(r) for r in seeds]) for figure in FIGURES.values()]
+        seconds = statistics.mean(statistics.mean(x["seconds"] for x in r) for r in seeds)
+        rows.append(
+            [
+                e.name,
+                str(len(seeds)),
+                str(e.steps),
+                *cells,
+                *verdict_counts(seeds),
+                f"{seconds:.2f}",
+            ]
+        )
+    return markdown_table(header, rows)
+
+
+def clip_table(study: Study, runs: dict[str, list[Rows]]) -> str:
+    """Table 1's layout: clip fraction per token (and per sequence for GSPO) at three steps."""
+    last = study.experiments[0].steps - 11
+    steps = (4, last // 2, last)
+    rows = []
+    for e in study.experiments:
+        keys = ("clip_seq",) if e.remedy == "gspo" else ("clip_low", "clip_high")
+        for key in keys:
+            cells = [spread([around(r, key, s) for r in runs[e.name]]) for s in steps]
+            rows.append([e.name, key, *cells])
+    return markdown_table(["experiment", "fraction", *(f"step {s}" for s in steps)], rows)
+
+
+def block(study: Study, runs: dict[str, list[Rows]]) -> str:
+    parts = [
+        f"Claim: {study.claim}.",
+        "",
+        "Cells are mean (min–max) over the seeds; alarm and collapse count the runs whose "
+        "detector fired (rule@step).",
+        "",
+        study_table(study, runs),
+    ]
+    if study.key == "clip":
+        parts += ["", "Clip fractions (Table 1's layout; median of steps ±10):", ""]
+        parts.append(clip_table(study, runs))
+    parts += ["", f"![{study.key}](figures/rl-{study.key}.png)"]
+    return "\n".join(parts)
+
+
+def write_blocks(doc: Path, blocks: dict[str, str]) -> None:
+    """Replace each ``<!-- reproduce:KEY -->`` … ``<!-- /reproduce:KEY -->`` block in ``doc``."""
+    text = doc.read_text()
+    for key, body in blocks.items():
+        start, end = f"<!-- reproduce:{key} -->", f"<!-- /reproduce:{key} -->"
+        if start not in text or end not in text:
+            raise SystemExit(f"{doc} has no {start} … {end} block")
+        head, rest = text.split(start, 1)
+        text = head + start + "\n" + body + "\n" + end + rest.split(end, 1)[1]
+    doc.write_text(text)
+
+
+#: curves on every study's plot: (row key, title, log scale)
+CURVES = (
+    ("reward", "reward", False),
+    ("rho_std", "std ρ (mismatch)", True),
+    ("entropy", "entropy", True),
+    ("clip_fraction", "clip fraction", True),
+)
+
+
+def plot(study: Study, runs: dict[str, list[Rows]], out: Path) -> None:
+    """Mean over seeds (rolling mean of 15 steps), with the seeds' min–max as a band."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
-    for title, names in groups.items():
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
-        for name in names:
-            rows = runs[name]
-            steps = [r["step"] for r in rows]
-            axes[0].plot(steps, smooth([r["reward"] for r in rows]), label=name)
-            axes[1].plot(steps, smooth([r["mismatch"]["rho_std"] for r in rows]), label=name)
-        axes[0].set_title("reward (rolling mean 9)")
-        axes[1].set_title("std ρ (rolling mean 9)")
-        axes[1].set_yscale("symlog", linthresh=1e-4)
-        for ax in axes:
-            ax.set_xlabel("step")
-        axes[0].legend(fontsize=7)
-        fig.suptitle(title, fontsize=10)
-        fig.tight_layout()
-        fig.savefig(out / f"rl-{title.replace(' ', '-')}.png", dpi=80)
-        plt.close(fig)
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(13, 2.9))
+    for e in study.experiments:
+        seeds = runs[e.name]
+        for ax, (key, title, log) in zip(axes, CURVES, strict=True):
+            per_seed = [smooth([value(r, key) for r in rows]) for rows in seeds]
+            n = min(map(len, per_seed))
+            mean = [statistics.mean(c[i] for c in per_seed) for i in range(n)]
+            (line,) = ax.plot(range(n), mean, label=e.name, lw=1)
+            low = [min(c[i] for c in per_seed) for i in range(n)]
+            high = [max(c[i] for c in per_seed) for i in range(n)]
+            ax.fill_between(range(n), low, high, color=line.get_color(), alpha=0.15, lw=0)
+            ax.set_title(title, fontsize=9)
+            if log:
+                ax.set_yscale("symlog", linthresh=1e-4)
+            ax.tick_params(labelsize=7)
+            ax.set_xlabel("step", fontsize=8)
+    axes[0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(out / f"rl-{study.key}.png", dpi=60)
+    plt.close(fig)
 
 
-def smooth(values: Sequence[float], k: int = 9) -> list[float]:
+def smooth(values: Sequence[float], k: int = 15) -> list[float]:
     return [statistics.mean(values[max(0, i - k + 1) : i + 1]) for i in range(len(values))]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs-dir", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--long-steps", type=int, default=30)
-    parser.add_argument("--only", nargs="+", default=None, help="experiment names to run")
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    parser.add_argument("--only", nargs="+", default=None, help="study keys to run")
+    parser.add_argument("--doc", type=Path, default=None, help="markdown doc with the blocks")
     parser.add_argument("--plots", type=Path, default=None, help="folder for PNG plots")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    chosen = [e for e in EXPERIMENTS if args.only is None or e.name in args.only]
-    runs = {e.name: run(e, args.steps, args.runs_dir, args.long_steps) for e in chosen}
-    print(table([row_of(e, runs[e.name]) for e in chosen]))
-    if args.plots:
-        groups: dict[str, list[str]] = {}
-        for e in chosen:
-            for question in e.question.split("; "):
-                groups.setdefault(question, []).append(e.name)
-        plot(runs, groups, args.plots)
+    chosen = [s for s in STUDIES if args.only is None or s.key in args.only]
+    for study in chosen:  # a bad configuration fails here, not hours into the runs
+        for e in study.experiments:
+            e.config(0)
+    blocks = {}
+    for study in chosen:
+        runs = {
+            e.name: [run(e, s, args.runs_dir) for s in e.seeds or args.seeds]
+            for e in study.experiments
+        }
+        blocks[study.key] = block(study, runs)
+        print(blocks[study.key] + "\n", flush=True)
+        if args.plots:
+            plot(study, runs, args.plots)
+    if args.doc:
+        write_blocks(args.doc, blocks)
     return 0
 
 

@@ -5,6 +5,11 @@
 - ``natural``: the stack's own mismatch, as the engine reports it.
 - ``biased``: token weights φ = δ on tokens with π_train < 0.1 (objective-level-hacking Eq. 18).
 - ``unbiased``: token weights ξ ~ N(1, σ²) (Eq. 21).
+- ``engine-bias``: a biased engine — it reports ``π_infer / δ`` for the tokens it gives
+  ``π_infer < π_low = 0.1`` (sampling unchanged), the shape of the bias objective-level-hacking
+  Fig. 7 measures on real engines (ρ drifting from 1 in the low-probability bins), at a size of
+  our choosing. With the engine's log-probs as the old policy (``--old-logprobs engine``) the
+  ratio of those tokens is scaled by δ: the mismatch itself becomes Eq. 18's distortion.
 - ``inject``: the engine gets ``θ + s · rms(θ) · ε`` (fresh ε every step) instead of θ — a real
   rollout-side mismatch of known size, in both the sampling distribution and its log-probs,
   switched on at ``at`` and ramped over ``ramp`` steps (VeXact's re-introduced mismatch).
@@ -13,6 +18,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -27,6 +33,7 @@ DEFAULT_STRENGTH = {
     "natural": 0.0,
     "biased": 2.0,
     "unbiased": 0.2,
+    "engine-bias": 2.0,
     "inject": 0.05,
     "lr-jump": 100.0,
 }
@@ -61,9 +68,17 @@ class Scenario:
             return 0.0
         return min(1.0, (step - self.at + 1) / self.ramp)
 
-    def rollout_logprobs(self, lp_infer: torch.Tensor, lp_old: torch.Tensor) -> torch.Tensor:
-        """What the update sees as the engine's log-probs: the trainer's own under ``exact``."""
-        return lp_old if self.name == "exact" else lp_infer
+    def rollout_logprobs(
+        self, step: int, lp_infer: torch.Tensor, lp_old: torch.Tensor
+    ) -> torch.Tensor:
+        """What the update sees as the engine's log-probs: the trainer's own under ``exact``;
+        ``log(π_infer / δ)`` on the engine's low-probability tokens under ``engine-bias``."""
+        if self.name == "exact":
+            return lp_old
+        if self.name == "engine-bias" and self.level(step) > 0:
+            low = lp_infer < math.log(grpo.P_LOW)
+            return torch.where(low, lp_infer - math.log(self.size), lp_infer)
+        return lp_infer
 
     def token_weights(
         self, step: int, p_old: torch.Tensor, generator: torch.Generator

@@ -1,4 +1,4 @@
-"""A short supervised warm start on the task, through the backend's own recompute.
+"""A short supervised warm start on the task, through the backend's training protocol.
 
 RL from a random tiny model finds no reward to learn from; a few dozen teacher-forced steps make
 the policy partly right, which is where GRPO has signal (reward spread within groups).
@@ -8,37 +8,28 @@ from __future__ import annotations
 
 import random
 
-import torch
-
 from conformance.backends.base import Backend
+from conformance.rl.objective import Objective, PolicyBatch
 from conformance.rl.task import CountingTask
 
 WARM_BATCH = 32
 
 
-def response_slice(logprobs: torch.Tensor, prompt_len: int) -> torch.Tensor:
-    """The per-position entries (log-probs, entropies) of the response: ``prompt_len − 1`` on."""
-    return logprobs[prompt_len - 1 :]
-
-
 def warm_start(
     backend: Backend, task: CountingTask, *, steps: int, lr: float, rng: random.Random
 ) -> list[float]:
-    """Minimise the mean response NLL for ``steps`` Adam steps; return the loss of each step."""
-    module = backend.module
-    optimizer = torch.optim.Adam(module.parameters(), lr=lr)
+    """Minimise the mean response NLL for ``steps`` Adam steps (no gradient clip) through
+    ``Backend.update``, then reset the optimizer for RL; return the loss of each step."""
     losses = []
     for _ in range(steps):
         problems = task.problems(WARM_BATCH, rng)
-        out = backend.recompute([p.prompt + p.target for p in problems], grad=True)
-        nll = torch.cat(
-            [
-                -response_slice(lp, len(p.prompt))
-                for lp, p in zip(out.logprobs, problems, strict=True)
-            ]
-        ).mean()
-        optimizer.zero_grad()
-        nll.backward()
-        optimizer.step()
-        losses.append(float(nll.detach()))
+        batch = PolicyBatch(
+            sequences=tuple(tuple(p.prompt + p.target) for p in problems),
+            prompt_lengths=tuple(len(p.prompt) for p in problems),
+            objective=Objective("nll"),
+            lr=lr,
+            max_grad_norm=None,
+        )
+        losses.append(backend.update(batch)["loss"])
+    backend.reset_optimizer()
     return losses

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.metrics import METRIC_NAMES, mismatch_metrics
+from conformance.metric_table import METRIC_NAMES
+from conformance.metrics import mismatch_metrics
 
 ROWS, COLS = 1000, 1000
 TOKENS = ROWS * COLS

@@ -1,9 +1,12 @@
-"""Wall time of the RL smoke runs (goal: the default set under 5 min on 2 CPU cores).
+"""Wall time of the RL smoke runs (goal: the default set under 5 min on 2 CPU cores), and of a
+run in the seeds' regime (4 updates per rollout batch, engine log-probs in the ratio, bf16).
 
 No timed assertion: pytest-benchmark records the figure (``tox -e bench``).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -16,20 +19,29 @@ from conformance.stack import StackSpec
 DEFAULT_SET = ("natural", "exact", "inject", "lr-jump")
 
 
-@pytest.mark.parametrize("scenario", DEFAULT_SET)
-def test_smoke_run_wall_time(benchmark, tmp_path, scenario):
+def _timed_run(benchmark, spec: StackSpec, config: RunConfig, out) -> None:
     torch.set_num_threads(1)
-    steps = RunConfig().steps
-    at = steps // 2 if scenario in ("inject", "lr-jump") else 0
-    config = RunConfig(scenario=Scenario(scenario, at=at))
 
     def one_run():
-        engine, backend = build_stack(StackSpec())
+        engine, backend = build_stack(spec)
         try:
-            return run_smoke(engine, backend, config, tmp_path / scenario)
+            return run_smoke(engine, backend, config, out)
         finally:
             engine.close()
             backend.close()
 
     summary = benchmark.pedantic(one_run, rounds=1, iterations=1)
-    assert summary.steps == steps
+    assert summary.steps == config.steps
+
+
+@pytest.mark.parametrize("scenario", DEFAULT_SET)
+def test_smoke_run_wall_time(benchmark, tmp_path, scenario):
+    steps = RunConfig().steps
+    at = steps // 2 if scenario in ("inject", "lr-jump") else 0
+    _timed_run(benchmark, StackSpec(), RunConfig(scenario=Scenario(scenario, at=at)), tmp_path)
+
+
+def test_seeds_regime_run_wall_time(benchmark, tmp_path):
+    """``rl-smoke --updates-per-step 4 --old-logprobs engine --engine-dtype bfloat16``."""
+    config = RunConfig(updates_per_step=4, old_logprobs="engine")
+    _timed_run(benchmark, replace(StackSpec(), engine_dtype="bfloat16"), config, tmp_path)

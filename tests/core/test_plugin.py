@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 USER_SUITE = """
@@ -16,15 +18,13 @@ from conformance.strategies import sampling_specs, token_sequences
 
 
 @given(data=st.data())
-def test_greedy_ish_rollouts_match(data, engine, backend, model, recorder):
+def test_low_temperature_rollouts(data, engine, backend, model, recorder):
     prompt = data.draw(token_sequences(model.vocab_size, max_len=16))
     spec = data.draw(sampling_specs(temperature=0.5, max_new_tokens=4))
+    recorder.case([prompt], sampling=spec)
     (completion,) = engine.generate([prompt], spec)
-    recomputed = backend.recompute([completion.sequence]).logprobs[0]
-    lp_train = recomputed[len(prompt) - 1 :].tolist()
-    example = {"prompt_ids": [prompt], "sampling": spec.as_dict()}
-    metrics = recorder.measure([lp_train], [completion.logprobs], case=example)
-    recorder.check_profile(metrics, example)
+    lp_train = backend.recompute([completion.sequence]).logprobs[0][len(prompt) - 1 :]
+    recorder.check_profile(recorder.measure([lp_train], [completion.logprobs]))
 """
 
 
@@ -56,15 +56,32 @@ def test_hypothesis_seed_is_recorded_and_reproduces_every_number(tmp_path, cli_e
     assert first["checks"][0]["worst_case"] == second["checks"][0]["worst_case"]
 
 
-def test_user_written_suite_runs_with_the_fixtures(tmp_path, cli_env):
+@pytest.mark.parametrize(
+    ("configuration", "flags"),
+    [
+        ({}, ["--tim-examples", "3", "--tim-report", "report"]),
+        ({"pytest.ini": "[pytest]\ntim_examples = 3\ntim_report = report\n"}, []),
+        ({"pyproject.toml": '[tool.tim-conformance]\nexamples = 3\nreport = "report"\n'}, []),
+    ],
+    ids=["flags", "ini", "pyproject"],
+)
+def test_user_written_suite_runs_with_options_from_any_source(
+    tmp_path, cli_env, configuration, flags
+):
     (tmp_path / "test_my_suite.py").write_text(USER_SUITE)
-    out = tmp_path / "report"
-    result = run_pytest(
-        "test_my_suite.py", "--tim-examples", "3", "--tim-report", str(out),
-        cwd=tmp_path, env=cli_env,
-    )  # fmt: skip
+    for name, text in configuration.items():
+        (tmp_path / name).write_text(text)
+    result = run_pytest("test_my_suite.py", *flags, cwd=tmp_path, env=cli_env)
     assert result.returncode == 0, result.stdout[-2000:]
     assert "tim-conformance" in result.stdout and "CERTIFIED" in result.stdout
-    (check,) = json.loads((out / "report.json").read_text())["checks"]
+    (check,) = json.loads((tmp_path / "report" / "report.json").read_text())["checks"]
     assert check["suite"] == "my_suite" and check["status"] == "pass"
     assert check["examples_run"] == 3
+
+
+def test_an_unconfigured_run_of_a_user_suite_is_one_usage_line(tmp_path, cli_env):
+    (tmp_path / "test_my_suite.py").write_text(USER_SUITE)
+    result = run_pytest("test_my_suite.py", cwd=tmp_path, env=cli_env)
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "no tim-conformance option is set" in line and "--tim-engine" in line

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import find, given
+from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
+from conformance.depth import DEPTHS
 from conformance.engines import SamplingSpec
 from conformance.errors import UsageError
 from conformance.strategies import (
+    BATCH_KINDS,
+    GROUP_SIZES,
     batch_shapes,
+    log_sizes,
     precisions,
     sampling_specs,
     token_batches,
@@ -18,19 +22,66 @@ from conformance.strategies import (
 )
 
 VOCAB = 384
+#: drawing realistic sizes is the point here; a loaded CI machine must not turn it into a
+#: deadline or health-check failure
+SLOW_DRAWS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+@SLOW_DRAWS
 @given(token_sequences(VOCAB, min_len=2, max_len=40, special_ids=[0, 1, 2]))
 def test_sequences_stay_in_bounds(sequence):
     assert 2 <= len(sequence) <= 40
     assert all(0 <= t < VOCAB for t in sequence)
 
 
+@SLOW_DRAWS
 @given(token_batches(VOCAB, shape=batch_shapes(max_batch=5, min_len=1, max_len=30)))
 def test_batches_have_exactly_their_shape(batch):
     shape, prompts = batch
     assert [len(p) for p in prompts] == list(shape.lengths)
     assert 1 <= shape.batch_size <= 5 and shape.padding_side in ("left", "right")
+
+
+@SLOW_DRAWS
+@given(log_sizes(3, 2048))
+def test_log_sizes_stay_in_bounds(size):
+    assert 3 <= size <= 2048
+
+
+def test_log_sizes_reach_every_octave_and_shrink_to_the_low_end():
+    for octave in range(1, 12):
+        find(log_sizes(1, 2048), lambda n, o=octave: n.bit_length() == o)
+    assert find(log_sizes(5, 300), lambda n: n > 100) == 101
+    assert find(log_sizes(5, 300), lambda n: True) == 5
+
+
+@SLOW_DRAWS
+@given(token_batches(VOCAB, shape=batch_shapes(max_batch=32, min_len=2, max_len=200)))
+def test_rl_shaped_batches_repeat_and_share_as_their_kind_says(batch):
+    shape, prompts = batch
+    assert [len(p) for p in prompts] == list(shape.lengths) and shape.kind in BATCH_KINDS
+    if shape.kind == "grouped":
+        assert shape.group_size in GROUP_SIZES and shape.batch_size % shape.group_size == 0
+        groups = [
+            prompts[i : i + shape.group_size] for i in range(0, len(prompts), shape.group_size)
+        ]
+        assert all(all(p == g[0] for p in g) for g in groups)
+    if shape.kind == "shared-prefix":
+        prefix = prompts[0][: shape.prefix_len]
+        assert all(p[: shape.prefix_len] == prefix and len(p) > shape.prefix_len for p in prompts)
+
+
+@pytest.mark.parametrize("name", DEPTHS)
+def test_each_depth_reaches_its_largest_sizes(name):
+    depth = DEPTHS[name]
+    limit = depth.prompt_limit(4096, depth.max_new_tokens)
+    shapes = batch_shapes(max_batch=depth.max_batch, max_len=limit)
+    find(shapes, lambda s: s.batch_size == depth.max_batch)
+    find(shapes, lambda s: max(s.lengths) == limit)
+    find(sampling_specs(max_new_tokens=log_sizes(1, depth.max_new_tokens)),
+         lambda s: s.max_new_tokens == depth.max_new_tokens)  # fmt: skip
+    for kind in BATCH_KINDS:
+        find(shapes, lambda s, k=kind: s.kind == k and s.batch_size >= 8)
 
 
 def test_vocabulary_edges_repeats_and_specials_are_reached():

@@ -30,9 +30,9 @@ def test_sglang_on_cpu_refuses_tensor_parallelism_in_one_line():
     from conformance.engines import _sglang_common as sglang_common
 
     assert sglang_common.PARALLEL.option == "tp_size"
-    assert sglang_common.with_defaults({"device": "cpu", "tp_size": 1})["tp_size"] == 1
+    assert sglang_common.parse_options("sglang", {"tp_size": "1"}, extra={}) == {"tp_size": 1}
     with pytest.raises(UsageError) as caught:
-        sglang_common.with_defaults({"device": "cpu", "tp_size": 2})
+        sglang_common.parse_options("sglang", {"device": "cpu", "tp_size": "2"}, extra={})
     message = str(caught.value)
     assert "tp_size=2" in message and "NCCL" in message and "\n" not in message
 
@@ -64,9 +64,11 @@ def test_the_users_binding_wins(tmp_path, monkeypatch):
     assert env[vllm_common.THREADS_BIND] == "0-3|4-7"
 
 
-def test_more_workers_than_cores_is_one_line():
+def test_more_workers_than_cores_is_one_line_before_anything_starts():
+    from conformance.engines.vllm import VLLMEngine
+
     with pytest.raises(UsageError) as caught:
-        vllm_common.cpu_threads_bind(len(CORES) + 1)
+        VLLMEngine.check_options({"tensor_parallel_size": str(len(CORES) + 1)})
     message = str(caught.value)
     assert "tensor_parallel_size" in message and "fix:" in message and "\n" not in message
 

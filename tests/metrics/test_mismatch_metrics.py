@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from conformance import metrics
 from conformance.errors import NonFiniteLogprobs, UsageError
-from conformance.metrics import METRIC_NAMES, mismatch_metrics, rho_by_prob_bin, stack_ragged
+from conformance.metric_table import METRIC_NAMES, PROB_BIN_EDGES
+from conformance.metrics import mismatch_metrics, rho_by_prob_bin, stack_ragged
 
 #: what a masked position may hold: anything, the non-finite values included
 JUNK = st.sampled_from([float("-inf"), float("inf"), float("nan"), 0.0, 7.5, -1e30])
@@ -56,7 +57,7 @@ def logprob_batches(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor, torch.
 
 def brute_force(lp_train: torch.Tensor, lp_infer: torch.Tensor, mask: torch.Tensor) -> dict:
     """Every metric by its textbook definition, one token at a time, in Python floats."""
-    tokens, seq_sums = [], []
+    tokens, seq_sums, seq_scaled = [], [], []
     for row in range(mask.shape[0]):
         row_tokens = [
             (float(lp_train[row, col]), float(lp_infer[row, col]))
@@ -66,6 +67,7 @@ def brute_force(lp_train: torch.Tensor, lp_infer: torch.Tensor, mask: torch.Tens
         tokens += row_tokens
         if row_tokens:
             seq_sums.append(abs(sum(t - i for t, i in row_tokens)))
+            seq_scaled.append(seq_sums[-1] / math.sqrt(len(row_tokens)))
     n = len(tokens)
     log_r = [t - i for t, i in tokens]
     rho = [math.exp(x) for x in log_r]
@@ -88,6 +90,7 @@ def brute_force(lp_train: torch.Tensor, lp_infer: torch.Tensor, mask: torch.Tens
         "rho_min": min(rho),
         "pcc": pearson(p_train, p_infer),
         "log_ppl_abs_diff": sum(seq_sums) / len(seq_sums),
+        "log_ppl_abs_diff_per_sqrt_len": sum(seq_scaled) / len(seq_scaled),
         "k1": sum(-x for x in log_r) / n,
         "k2": sum(0.5 * x * x for x in log_r) / n,
         "k3": sum(r - 1 - x for r, x in zip(rho, log_r, strict=True)) / n,
@@ -95,6 +98,8 @@ def brute_force(lp_train: torch.Tensor, lp_infer: torch.Tensor, mask: torch.Tens
         "token_mult_prob_error": sum(math.exp(abs(x)) for x in log_r) / n,
         "exact_match_rate": sum(t == i for t, i in tokens) / n,
         "seq_log_ratio_abs_max": max(seq_sums),
+        "seq_log_ratio_per_sqrt_len_max": max(seq_scaled),
+        "nonfinite_tokens": 0.0,
     }
 
 
@@ -198,7 +203,7 @@ def test_docstring_examples_run() -> None:
 @given(logprob_batches())
 def test_rho_by_prob_bin_matches_brute_force(batch) -> None:
     lp_train, lp_infer, mask = batch
-    edges = metrics.DEFAULT_PROB_EDGES
+    edges = PROB_BIN_EDGES
     tokens = [
         (math.exp(float(lp_train[r, c])), math.exp(float(lp_train[r, c]) - float(lp_infer[r, c])))
         for r, c in mask.nonzero().tolist()
@@ -253,28 +258,35 @@ def test_empty_mask_is_an_error() -> None:
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 @pytest.mark.parametrize("side", [0, 1])
-def test_non_finite_at_a_valid_position_names_it(bad: float, side: int) -> None:
+def test_non_finite_tokens_are_counted_and_left_out(bad: float, side: int) -> None:
     batch = list(_batch())
     batch[side] = batch[side].clone()
     batch[side][1, 2] = bad
     batch[side][0, 1] = bad
-    with pytest.raises(NonFiniteLogprobs, match=r"\(0, 1\), \(1, 2\)"):
-        mismatch_metrics(*batch)
+    got = mismatch_metrics(*batch)
+    finite = torch.ones(2, 3, dtype=torch.bool)
+    finite[1, 2] = finite[0, 1] = False
+    clean = mismatch_metrics(*_batch()[:2], finite)
+    assert got["nonfinite_tokens"] == 2.0
+    assert {k: v for k, v in got.items() if k != "nonfinite_tokens"} == {
+        k: v for k, v in clean.items() if k != "nonfinite_tokens"
+    }
     with pytest.raises(NonFiniteLogprobs, match=r"\(0, 1\), \(1, 2\)"):
         rho_by_prob_bin(*batch)
 
 
-def test_non_finite_positions_are_numbered_across_chunks() -> None:
+def test_non_finite_tokens_are_found_across_chunks() -> None:
     lp_train = torch.zeros(5000, 40)
     lp_train[4321, 7] = float("nan")
-    with pytest.raises(NonFiniteLogprobs, match=r"\(4321, 7\)"):
-        mismatch_metrics(lp_train, torch.zeros(5000, 40), torch.ones(5000, 40, dtype=torch.bool))
+    got = mismatch_metrics(lp_train, torch.zeros(5000, 40), torch.ones(5000, 40, dtype=torch.bool))
+    assert got["nonfinite_tokens"] == 1.0 and got["abs_diff_max"] == 0.0
 
 
-def test_many_non_finite_positions_are_summarised() -> None:
+def test_nothing_finite_is_an_error_with_the_count() -> None:
     lp_train, lp_infer, mask = _batch()
-    with pytest.raises(NonFiniteLogprobs, match="and 1 more"):
+    with pytest.raises(NonFiniteLogprobs, match="all 6 valid") as raised:
         mismatch_metrics(torch.full_like(lp_train, float("nan")), lp_infer, mask)
+    assert raised.value.count == 6
 
 
 @pytest.mark.parametrize(

@@ -10,20 +10,23 @@ import pytest
 import torch
 
 from conformance.errors import ProfileError
-from conformance.metrics import METRIC_NAMES, mismatch_metrics, stack_ragged
-from conformance.profiles import LOWER_BOUNDS, available_profiles, bound_of, load_profile
+from conformance.metric_table import BY_NAME, METRICS, metric
+from conformance.metrics import mismatch_metrics, stack_ragged
+from conformance.profiles import available_profiles, load_profile
 
 SHIPPED = ("bf16", "exact", "fp16", "fp32")
+#: what the shipped profiles bound: every metric but those that grow with sequence length
+BOUNDED = {m.name for m in METRICS if not m.grows_with_length}
 
 
-def test_the_four_profiles_ship_with_one_sourced_threshold_per_metric() -> None:
+def test_the_four_profiles_ship_with_one_sourced_threshold_per_bounded_metric() -> None:
     assert available_profiles() == list(SHIPPED)
     for name in SHIPPED:
         profile = load_profile(name)
         assert profile.name == name and profile.source.is_file()
-        assert set(profile.thresholds) == set(METRIC_NAMES)
+        assert set(profile.thresholds) == BOUNDED
         for line in profile.source.read_text().splitlines():
-            if line.split("=")[0].strip() in METRIC_NAMES:
+            if line.split("=")[0].strip() in BY_NAME:
                 assert "#" in line, f"{name}: threshold without a source comment: {line}"
 
 
@@ -31,29 +34,33 @@ def test_profiles_tighten_with_precision() -> None:
     """exact ⊂ fp32 ⊂ fp16 ⊂ bf16: every bound loosens (or stays) from one to the next."""
     chain = [load_profile(n).thresholds for n in ("exact", "fp32", "fp16", "bf16")]
     for tighter, looser in itertools.pairwise(chain):
-        for metric in METRIC_NAMES:
-            if bound_of(metric) == "min":
-                assert looser[metric] <= tighter[metric], metric
+        for name in BOUNDED:
+            fact = metric(name)
+            if fact.bound == "min":
+                assert looser[name] <= tighter[name], name
             else:
-                assert looser[metric] >= tighter[metric], metric
+                assert fact.deviation(looser[name]) >= fact.deviation(tighter[name]), name
 
 
-def test_direction_is_lower_bound_only_for_pcc_exact_match_and_rho_min() -> None:
-    assert frozenset({"pcc", "exact_match_rate", "rho_min"}) == LOWER_BOUNDS
+def test_each_bound_is_violated_on_its_wrong_side_only() -> None:
     profile = load_profile("fp32")
-    for metric, threshold in profile.thresholds.items():
-        step = max(abs(threshold), 1e-12) * 1e-3
-        worse = threshold - step if metric in LOWER_BOUNDS else threshold + step
-        better = threshold + step if metric in LOWER_BOUNDS else threshold - step
-        (violation,) = profile.check({metric: worse})
-        assert (violation.metric, violation.value, violation.threshold) == (
-            metric,
-            worse,
-            threshold,
-        )
-        assert violation.bound == ("min" if metric in LOWER_BOUNDS else "max")
-        assert profile.check({metric: better}) == []
-        assert profile.check({metric: threshold}) == []  # the bound itself passes
+    for name, threshold in profile.thresholds.items():
+        fact = metric(name)
+        step = max(fact.deviation(threshold), 1e-12) * 1e-3
+        away = 1.0 if threshold >= fact.ideal else -1.0
+        worse, better = threshold + away * step, threshold - away * step
+        if fact.bound == "min":
+            worse, better = threshold - step, threshold + step
+        (violation,) = profile.check({name: worse})
+        assert (violation.metric, violation.value, violation.threshold) == (name, worse, threshold)
+        assert violation.bound == fact.bound
+        assert profile.check({name: better}) == []
+        assert profile.check({name: threshold}) == []  # the bound itself passes
+        if fact.bound == "abs":
+            # signed metrics are as wrong below the ideal as above it
+            mirrored = 2 * fact.ideal - worse
+            assert [v.metric for v in profile.check({name: mirrored})] == [name]
+            assert profile.check({name: 2 * fact.ideal - better}) == []
 
 
 def test_nan_always_violates_and_unmeasured_metrics_are_skipped() -> None:
@@ -151,5 +158,5 @@ def test_calibration_fp32_passes_fp32_and_bf16_fails_it(default_model) -> None:
     assert bf16.check(bf16_stack) == []
     failed = {v.metric for v in fp32.check(bf16_stack)}
     # clearly: bf16 breaks the fp32 bound on nearly every metric, by orders of magnitude
-    assert len(failed) >= len(METRIC_NAMES) - 3
+    assert len(failed) >= len(BOUNDED) - 5
     assert bf16_stack["abs_diff_mean"] > 100 * fp32.thresholds["abs_diff_mean"]

@@ -22,7 +22,7 @@ def copy(zoo: dict[str, ModelStats], tmp_path: Path) -> Path:
 def test_reports_the_config_and_tokenizer(zoo: dict[str, ModelStats]) -> None:
     info = inspect_model(zoo["qwen3-moe"].path)
     assert (info.arch, info.architectures) == ("qwen3_moe", ["Qwen3MoeForCausalLM"])
-    assert (info.vocab_size, info.max_position_embeddings) == (384, 512)
+    assert (info.vocab_size, info.max_position_embeddings) == (384, 4096)
     assert (info.bos_token_id, info.eos_token_id, info.pad_token_id) == (0, 1, 2)
     assert info.special_token_ids == [0, 1, 2]
     assert (info.hidden_size, info.num_layers) == (64, 2)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from conformance.metric_table import metric
 from conformance.metrics import mismatch_metrics
-from conformance.report.schema import is_lower_bound
 
 VOCAB = 384
 #: an fp32-like profile for these tests: tight upper bounds, a lower bound on pcc
@@ -55,10 +55,10 @@ def make_check(suite: str, index: int, m: Measured, thresholds: dict[str, float]
             "metric": k,
             "value": metrics[k],
             "threshold": t,
-            "bound": "min" if is_lower_bound(k) else "max",
+            "bound": metric(k).bound,
         }
         for k, t in thresholds.items()
-        if (metrics[k] < t if is_lower_bound(k) else metrics[k] > t)
+        if metric(k).violates(metrics[k], t)
     ]
     positions = torch.arange(m.mask.shape[1]).expand_as(m.mask)
     name = f"test_{suite}[{index}]"

@@ -176,13 +176,6 @@ def test_gate_html_escapes_and_says_not_comparable(tmp_path, baseline: dict) -> 
     assert "NOT COMPARABLE" in text and "<script>" not in text and "&lt;script&gt;" in text
 
 
-def test_lower_bounds_match_the_profiles_module() -> None:
-    from conformance.profiles import LOWER_BOUNDS
-    from conformance.report.schema import LOWER_BOUND_METRICS
-
-    assert LOWER_BOUND_METRICS == LOWER_BOUNDS
-
-
 def test_profile_option_holds_the_candidate_to_a_shipped_profile(baseline: dict) -> None:
     loose = make_report(torch.bfloat16, thresholds=BF16_THRESHOLDS)
     factors = {m: 1e9 for m in loose["checks"][0]["metrics"]}  # isolate the profile verdict

@@ -36,28 +36,33 @@ def test_group_advantages_rejects_singleton_groups():
         grpo.group_advantages(torch.ones(3, 1))
 
 
-def test_surrogate_matches_per_token_formula_and_its_gradient():
+@pytest.mark.parametrize("eps", [(0.2, 0.2), (0.2, 0.28), (0.1, 0.3)])
+def test_surrogate_matches_per_token_formula_and_its_gradient(eps):
     lp_old, _, mask, adv = _batch()
     g = torch.Generator().manual_seed(1)
     lp = (
         lp_old + 0.3 * torch.randn(lp_old.shape, generator=g, dtype=torch.float64)
     ).requires_grad_()
-    out = grpo.clipped_surrogate(lp, lp_old, adv, mask)
-    total, clipped, valid = 0.0, 0, 0
+    out = grpo.clipped_surrogate(lp, lp_old, adv, mask, eps=eps)
+    low, high = 1 - eps[0], 1 + eps[1]
     for i in range(lp.shape[0]):
         n = int(mask[i].sum())
         seq = 0.0
-        for t in range(n):
+        for t in range(lp.shape[1]):
             r = math.exp(float(lp[i, t].detach() - lp_old[i, t]))
             a = float(adv[i])
-            seq += min(r * a, min(max(r, 0.8), 1.2) * a)
-            clipped += abs(r - 1) > 0.2
-            valid += 1
-        total += seq / n
-    assert float(out.loss.detach()) == pytest.approx(-total / lp.shape[0])
-    assert out.clip_fraction == pytest.approx(clipped / valid)
+            if t < n:
+                seq += min(r * a, min(max(r, low), high) * a)
+            # the clip acts (zero gradient) only where min() picks the clipped term
+            assert bool(out.clipped_low[i, t]) == (t < n and r < low and a < 0)
+            assert bool(out.clipped_high[i, t]) == (t < n and r > high and a > 0)
+        assert float(out.per_sequence[i].detach()) == pytest.approx(seq / n)
+    assert bool((out.clipped_low | out.clipped_high).any())  # the example exercises the clip
     out.loss.backward()
     assert lp.grad[~mask].abs().max() == 0  # padding never trains
+    cut = out.clipped_low | out.clipped_high
+    assert lp.grad[cut].abs().max() == 0  # clipped tokens carry no gradient
+    assert lp.grad[mask & ~cut].abs().min() > 0
 
 
 def test_on_policy_surrogate_gradient_is_advantage_weighted_score():
@@ -68,7 +73,7 @@ def test_on_policy_surrogate_gradient_is_advantage_weighted_score():
     out.loss.backward()
     expected = -adv[:, None] / (mask.sum(1, keepdim=True) * lp.shape[0]) * mask
     assert torch.allclose(lp.grad, expected)
-    assert out.clip_fraction == 0
+    assert not (out.clipped_low | out.clipped_high).any()
 
 
 def test_weights_scale_each_tokens_term():
@@ -83,15 +88,40 @@ def test_gspo_clips_one_geometric_mean_ratio_per_sequence():
     lp_old, lp_infer, mask, adv = _batch(4)
     lp = lp_old.clone().requires_grad_()
     out = grpo.gspo_surrogate(lp, lp_infer, adv, mask)
-    terms, clipped = [], 0
+    lo, hi = 1 - grpo.GSPO_EPS[0], 1 + grpo.GSPO_EPS[1]
     for i in range(lp.shape[0]):
         n = int(mask[i].sum())
         s = math.exp(float((lp_old[i, :n] - lp_infer[i, :n]).mean()))
-        lo, hi = 1 - grpo.GSPO_EPS[0], 1 + grpo.GSPO_EPS[1]
-        terms.append(min(s * float(adv[i]), min(max(s, lo), hi) * float(adv[i])))
-        clipped += not lo <= s <= hi
-    assert float(out.loss.detach()) == pytest.approx(-sum(terms) / len(terms))
-    assert out.clip_fraction == pytest.approx(clipped / lp.shape[0])
+        a = float(adv[i])
+        assert float(out.per_sequence[i].detach()) == pytest.approx(
+            min(s * a, min(max(s, lo), hi) * a)
+        )
+        # a clipped sequence has every one of its tokens cut, and no padding
+        assert out.clipped_low[i].tolist() == [t < n and s < lo and a < 0 for t in range(5)]
+        assert out.clipped_high[i].tolist() == [t < n and s > hi and a > 0 for t in range(5)]
+    assert bool((out.clipped_low | out.clipped_high).any())
+
+
+def test_gspo_token_gradient_is_gspos_and_weights_scale_each_tokens_term():
+    """Unweighted, d/dlp of min(s_i A, clip(s_i) A) with s_i = exp(mean_t(lp − lp_old)) (GSPO
+    itself, differentiated by autograd); weighted, each token's gradient scales by its w."""
+    lp_old, _, mask, adv = _batch(6)
+    g = torch.Generator().manual_seed(7)
+    lp = (lp_old + 2e-4 * torch.randn(lp_old.shape, generator=g, dtype=torch.float64)).detach()
+    eps = grpo.GSPO_EPS
+    x = lp.clone().requires_grad_()
+    n = mask.sum(1)
+    s = torch.exp((torch.where(mask, x - lp_old, 0)).sum(1) / n)
+    reference = torch.minimum(s * adv, torch.clamp(s, 1 - eps[0], 1 + eps[1]) * adv).mean()
+    (expected,) = torch.autograd.grad(-reference, x)
+    y = lp.clone().requires_grad_()
+    (got,) = torch.autograd.grad(grpo.gspo_surrogate(y, lp_old, adv, mask).loss, y)
+    assert torch.allclose(got, expected)
+    assert expected.abs().max() > 0 and (expected == 0).any()  # some sequences clipped, some not
+    w = torch.rand(lp.shape, generator=g, dtype=torch.float64) + 0.5
+    z = lp.clone().requires_grad_()
+    (weighted,) = torch.autograd.grad(grpo.gspo_surrogate(z, lp_old, adv, mask, eps, w).loss, z)
+    assert torch.allclose(weighted, w * expected)
 
 
 def test_remedy_weights_follow_their_definitions():

@@ -22,8 +22,17 @@ def test_lr_jump_multiplies_from_at():
 
 def test_exact_hands_back_the_trainers_own_logprobs():
     lp_old, lp_infer = torch.tensor([-1.0]), torch.tensor([-1.1])
-    assert Scenario("exact").rollout_logprobs(lp_infer, lp_old) is lp_old
-    assert Scenario("natural").rollout_logprobs(lp_infer, lp_old) is lp_infer
+    assert Scenario("exact").rollout_logprobs(0, lp_infer, lp_old) is lp_old
+    assert Scenario("natural").rollout_logprobs(0, lp_infer, lp_old) is lp_infer
+
+
+def test_engine_bias_divides_the_low_probability_tokens_probabilities_from_at():
+    p_infer = torch.tensor([0.5, 0.09, 0.11, 0.01])
+    lp_infer = p_infer.log()
+    s = Scenario("engine-bias", at=2, strength=4.0)
+    assert s.rollout_logprobs(1, lp_infer, lp_infer) is lp_infer  # before at: the engine's own
+    reported = s.rollout_logprobs(2, lp_infer, lp_infer).exp()
+    assert reported.tolist() == pytest.approx([0.5, 0.09 / 4, 0.11, 0.01 / 4])
 
 
 def test_inject_perturbs_engine_weights_by_the_chosen_relative_size():

@@ -113,8 +113,72 @@ def test_cli_exit_codes_and_summary(tmp_path):
     summary = json.loads((out / "rl-summary.json").read_text())
     assert set(summary) == {
         "scenario", "remedy", "seed", "steps", "mismatch_alarm", "collapse", "lead_steps",
+        "updates_per_step", "old_logprobs", "clip_low", "clip_high",
     }  # fmt: skip
     assert set(summary["collapse"]) == {"fired", "step", "reason"}
     assert code == int(summary["mismatch_alarm"]["fired"] or summary["collapse"]["fired"])
     assert main(["rl-smoke", "--steps", "0", "--out", str(tmp_path / "bad")]) == 2
-    assert main(["rl-smoke", "--remedy", "gspo", "--scenario", "biased", "--out", str(out)]) == 2
+    assert main(["rl-smoke", "--updates-per-step", "33", "--out", str(out)]) == 2  # > 8 × 4
+    assert main(["rl-smoke", "--clip-low", "1.5", "--out", str(out)]) == 2
+
+
+#: the seeds' regime (issue 13): several updates per rollout batch, engine log-probs in the ratio
+SEEDS_REGIME = ["--updates-per-step", "4", "--old-logprobs", "engine", "--engine-dtype", "bfloat16"]
+
+
+def _cli_run(tmp_path: Path, *args: str) -> tuple[int, dict, list[dict]]:
+    from conformance.cli import main
+
+    torch.set_num_threads(1)
+    code = main(["rl-smoke", *args, "--out", str(tmp_path)])
+    summary = json.loads((tmp_path / "rl-summary.json").read_text())
+    rows = [json.loads(line) for line in (tmp_path / "rl.jsonl").read_text().splitlines()]
+    return code, summary, rows
+
+
+def test_several_updates_with_engine_logprobs_clip_tokens(tmp_path):
+    code, summary, rows = _cli_run(tmp_path, *SEEDS_REGIME, "--steps", "30")
+    assert summary["updates_per_step"] == 4 and summary["old_logprobs"] == "engine"
+    assert all(r["updates"] == 4 for r in rows)
+    assert sum(r["clip_low"] > 0 for r in rows) > 5 and sum(r["clip_high"] > 0 for r in rows) > 5
+    assert all(r["clip_fraction"] == pytest.approx(r["clip_low"] + r["clip_high"]) for r in rows)
+    assert max(r["clip_seq"] for r in rows) > 0
+    assert code == 0, summary
+
+
+def test_exact_in_the_seeds_regime_raises_neither_detector(tmp_path):
+    code, summary, rows = _cli_run(tmp_path, *SEEDS_REGIME, "--steps", "60", "--scenario", "exact")
+    assert all(r["mismatch"]["rho_std"] == 0.0 for r in rows)
+    assert sum(r["clip_fraction"] > 0 for r in rows) > 10  # off-policy updates still clip
+    assert not summary["mismatch_alarm"]["fired"], summary
+    assert not summary["collapse"]["fired"], summary
+    assert code == 0
+
+
+def test_one_update_with_the_recompute_never_clips(tmp_path):
+    """The old default regime: ratio ≡ 1, so the clip never acts (what issue 13 found)."""
+    _, _, rows = _cli_run(tmp_path, "--engine-dtype", "bfloat16", "--steps", "8")
+    assert all(r["clip_fraction"] == 0 and r["ratio_kl"] == 0 for r in rows)
+
+
+def test_certify_rl_smoke_takes_the_training_options(tmp_path, cli_env):
+    import subprocess
+    import sys
+
+    out = tmp_path / "report"
+    args = ["--rl-smoke", *SEEDS_REGIME, "--clip-high", "0.28", "--suite", "rl_smoke"]
+    result = subprocess.run(
+        [sys.executable, "-m", "conformance", "certify", *args, "--out", str(out)],
+        capture_output=True, text=True, env=cli_env, cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rl = json.loads((out / "report.json").read_text())["rl"]
+    assert (rl["updates_per_step"], rl["old_logprobs"]) == (4, "engine")
+    assert (rl["clip_low"], rl["clip_high"]) == (0.2, 0.28)
+    rows = [json.loads(line) for line in (out / "rl" / "rl.jsonl").read_text().splitlines()]
+    assert any(r["clip_high"] > 0 for r in rows)
+    refused = subprocess.run(
+        [sys.executable, "-m", "conformance", "certify", "--updates-per-step", "4"],
+        capture_output=True, text=True, env=cli_env, cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "--rl-smoke" in refused.stderr

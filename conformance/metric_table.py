@@ -1,0 +1,165 @@
+"""Every fact about every mismatch metric, in one table that every module reads.
+
+A metric's name, its ideal value, which side of a threshold is a violation, whether it bounds a
+single example (so Hypothesis can shrink a violation to a minimal reproducer) or a test's pooled
+tokens (averages, spreads and correlations describe a population: one token's ρ is not a mean ρ),
+whether the terminal summary shows it, and where it comes from. Torch-free, so the report, the
+gate and the certificate read it without importing torch. The formulas are in
+:func:`conformance.metrics.mismatch_metrics`.
+
+Bounds:
+
+- ``max``: violated when ``value > threshold`` (|Δlp|, k2, k3, …);
+- ``min``: violated when ``value < threshold`` (PCC, exact-match rate, min ρ);
+- ``abs``: two-sided around the ideal, violated when ``|value − ideal| > |threshold − ideal|``
+  (signed metrics: mean ρ, k1 and χ² are as wrong below their ideal as above it).
+
+NaN violates every bound. The *worst* of several values of one metric is the one furthest from
+its ideal (NaN worst of all): the report, the certificate and the gate all use that one rule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+Bound = Literal["max", "min", "abs"]
+Scope = Literal["example", "pooled"]
+
+#: π_train bin edges for ρ by probability: finer at low probability, where objective-level
+#: hacking §5.3 / Fig. 7 finds ρ most dispersed (its token-weight distortion targets π < 0.1)
+PROB_BIN_EDGES = (0.0, 1e-3, 1e-2, 0.1, 0.5, 0.9, 1.0)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric's facts. ``source`` names who uses it (BACKGROUND.md §1)."""
+
+    name: str
+    ideal: float
+    bound: Bound
+    scope: Scope
+    meaning: str
+    source: str
+    #: shown in the terminal verdict table
+    headline: bool = False
+    #: grows with sequence length, so no one threshold fits 4 and 4,000 tokens: the shipped
+    #: profiles bound its ``_per_sqrt_len`` counterpart and only record this one
+    grows_with_length: bool = False
+
+    def deviation(self, value: float) -> float:
+        """Distance from the ideal value (NaN stays NaN)."""
+        return abs(value - self.ideal)
+
+    def violates(self, value: float, threshold: float) -> bool:
+        """Whether ``value`` is on the wrong side of ``threshold``; NaN always is."""
+        if math.isnan(value):
+            return True
+        if self.bound == "max":
+            return value > threshold
+        if self.bound == "min":
+            return value < threshold
+        return self.deviation(value) > self.deviation(threshold)
+
+    def relation(self, value: float, threshold: float) -> str:
+        """How a violation reads: ``"0.2 > 0.1"``, ``"0.9 < 0.99"``, ``"|0.9 − 1| > 0.01"``."""
+        if self.bound == "abs":
+            return (
+                f"|{value:.4g} − {self.ideal:g}| > {self.deviation(threshold):.4g}"
+                if self.ideal
+                else f"|{value:.4g}| > {self.deviation(threshold):.4g}"
+            )
+        return f"{value:.4g} {'>' if self.bound == 'max' else '<'} {threshold:.4g}"
+
+    def sign(self) -> str:
+        """The allowed side of a threshold, as a report writes it."""
+        return {"max": "≤", "min": "≥", "abs": "±"}[self.bound]
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("nonfinite_tokens", 0.0, "max", "example",
+           "valid tokens whose log-probability is NaN or ±inf on either side (excluded from "
+           "every other metric)", "tim-conformance"),
+    Metric("abs_diff_mean", 0.0, "max", "pooled", "mean |log ρ|", "slime, SkyRL",
+           headline=True),
+    Metric("abs_diff_p99", 0.0, "max", "pooled", "99th percentile of |log ρ|", "slime"),
+    Metric("abs_diff_max", 0.0, "max", "example", "max |log ρ|", "slime, SkyRL",
+           headline=True),
+    Metric("prob_diff_mean", 0.0, "max", "pooled", "mean |π_train − π_infer|", "verl"),
+    Metric("prob_diff_max", 0.0, "max", "example", "max |π_train − π_infer|", "verl"),
+    Metric("rho_mean", 1.0, "abs", "pooled", "mean ρ", "objective-level hacking App. B.1"),
+    Metric("rho_std", 0.0, "max", "pooled", "std of ρ: the mismatch",
+           "objective-level hacking §2", headline=True),
+    Metric("rho_max", 1.0, "max", "example", "max ρ", "objective-level hacking App. B.1"),
+    Metric("rho_min", 1.0, "min", "example", "min ρ", "objective-level hacking App. B.1"),
+    Metric("pcc", 1.0, "min", "pooled", "Pearson correlation of π_train and π_infer",
+           "objective-level hacking §4.2", headline=True),
+    Metric("log_ppl_abs_diff", 0.0, "max", "pooled",
+           "mean over sequences of |Σ_t log ρ|", "lr-scheduling Eq. 8",
+           grows_with_length=True),
+    Metric("log_ppl_abs_diff_per_sqrt_len", 0.0, "max", "pooled",
+           "mean over sequences of |Σ_t log ρ| / √T: length-free for independent per-token "
+           "noise, growing as √T under a per-token bias", "lr-scheduling Eq. 8, scaled"),
+    Metric("k1", 0.0, "abs", "pooled", "mean −log ρ (KL estimator)", "verl rollout_corr"),
+    Metric("k2", 0.0, "max", "pooled", "mean ½(log ρ)² (KL estimator)", "verl rollout_corr"),
+    Metric("k3", 0.0, "max", "pooled", "mean ρ − 1 − log ρ (KL estimator)",
+           "verl rollout_corr, SGLang", headline=True),
+    Metric("chi2_token", 0.0, "abs", "pooled", "E[ρ²] − 1", "verl"),
+    Metric("token_mult_prob_error", 1.0, "max", "pooled", "mean exp(|log ρ|)",
+           "NeMo-RL, Megatron"),
+    Metric("exact_match_rate", 1.0, "min", "pooled",
+           "fraction of tokens with lp_train == lp_infer bitwise", "VeXact, slime"),
+    Metric("seq_log_ratio_abs_max", 0.0, "max", "example",
+           "max over sequences of |Σ_t log ρ|", "tim-explainer", grows_with_length=True),
+    Metric("seq_log_ratio_per_sqrt_len_max", 0.0, "max", "example",
+           "max over sequences of |Σ_t log ρ| / √T: one bound that holds at every length",
+           "tim-explainer, scaled"),
+)  # fmt: skip
+
+BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+#: every metric name, in report order
+METRIC_NAMES: tuple[str, ...] = tuple(BY_NAME)
+#: the metrics bounded on every example (the others on a test's pooled tokens)
+EXAMPLE_METRICS = frozenset(m.name for m in METRICS if m.scope == "example")
+HEADLINE_METRICS: tuple[str, ...] = tuple(m.name for m in METRICS if m.headline)
+
+
+def metric(name: str) -> Metric:
+    """The facts of ``name``; ``KeyError`` names the known metrics."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"unknown metric {name!r}; known: {', '.join(METRIC_NAMES)}") from None
+
+
+def worst(name: str, values: Iterable[object]) -> float | None:
+    """Of the numbers among ``values``, the one furthest from the metric's ideal; NaN beats
+    every number (a NaN metric means the measurement broke). ``None`` when there is none.
+
+    >>> worst("rho_mean", [1.01, 0.97, 1.02])
+    0.97
+    """
+    fact = metric(name)
+    best: float | None = None
+    for value in values:
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        v = float(value)
+        if math.isnan(v):
+            return v
+        if best is None or fact.deviation(v) > fact.deviation(best):
+            best = v
+    return best
+
+
+def worst_metrics(metric_dicts: Iterable[Mapping[str, object]]) -> dict[str, float]:
+    """Per known metric present in any of ``metric_dicts``, its worst value, in report order."""
+    values: dict[str, list[object]] = {}
+    for metrics in metric_dicts:
+        for name, value in metrics.items():
+            if name in BY_NAME:
+                values.setdefault(name, []).append(value)
+    result = {name: worst(name, values[name]) for name in METRIC_NAMES if name in values}
+    return {name: value for name, value in result.items() if value is not None}

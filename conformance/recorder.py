@@ -1,0 +1,291 @@
+"""What suites call to measure: announce an example's case, measure its log-probabilities,
+hold them to the profile; and what one check kept of its examples.
+
+Every example announces its case (``Recorder.case``) before it runs the stack, so however the
+example fails — a profile violation, a NaN, an engine error — the case on record is the one
+that failed. Hypothesis runs its final, shrunk falsifying example last, so the case kept per
+failure origin is the minimal one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from conformance.errors import NonFiniteLogprobs
+from conformance.metric_table import EXAMPLE_METRICS
+from conformance.outcome import origin
+
+if TYPE_CHECKING:
+    import torch
+
+    from conformance.profiles import Profile
+
+#: token-level points kept per check for the report's plots; the rest stay in results.jsonl
+MAX_SAMPLES = 2000
+
+
+@dataclass
+class Failure:
+    """An example that failed: its case and what it measured (if it got that far)."""
+
+    case: dict[str, Any] | None
+    metrics: dict[str, float] | None
+
+
+@dataclass
+class CheckRecord:
+    """What one conformance test measured, pooled over its Hypothesis examples."""
+
+    suite: str
+    name: str
+    nodeid: str
+    #: ``time.perf_counter()`` when the check began
+    started: float = 0.0
+    #: per measured sequence: (lp_train, lp_infer, positions) as 1-D tensors
+    rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    extra: dict[str, float] = field(default_factory=dict)
+    worst: tuple[float, dict[str, Any] | None, dict[str, float]] | None = None
+    examples_run: int = 0
+    #: the running example's announced case and last measurement
+    case: dict[str, Any] | None = None
+    metrics: dict[str, float] | None = None
+    #: the last failing example per failure origin (the shrunk one once Hypothesis is done)
+    failures: dict[tuple[str, str, int], Failure] = field(default_factory=dict)
+    #: wall-clock marks for shrinking: the first failure, and the last example
+    first_failure_at: float | None = None
+    last_example_at: float = 0.0
+    examples_after_failure: int = 0
+    #: where the running example's first NaN/inf log-prob is, for its failure message
+    nonfinite_at: str = ""
+
+    def pooled(self) -> dict[str, float]:
+        """Mismatch metrics over every token measured so far, plus notes."""
+        from conformance.metrics import mismatch_metrics, stack_ragged
+
+        metrics: dict[str, float] = {}
+        if self.rows:
+            train, mask = stack_ragged([r[0] for r in self.rows])
+            infer, _ = stack_ragged([r[1] for r in self.rows])
+            metrics = _safe_metrics(mismatch_metrics, train, infer, mask)
+        return {**metrics, **self.extra}
+
+    def samples(self) -> dict[str, list[float]] | None:
+        """Evenly down-sampled finite token points (at most ``MAX_SAMPLES``), for the plots."""
+        import torch
+
+        if not self.rows:
+            return None
+        train = torch.cat([r[0] for r in self.rows])
+        infer = torch.cat([r[1] for r in self.rows])
+        position = torch.cat([r[2] for r in self.rows])
+        finite = torch.isfinite(train) & torch.isfinite(infer)
+        train, infer, position = train[finite], infer[finite], position[finite]
+        stride = max(1, -(-train.numel() // MAX_SAMPLES))
+        return {
+            "lp_train": train[::stride].tolist(),
+            "lp_infer": infer[::stride].tolist(),
+            "position": position[::stride].tolist(),
+        }
+
+    def failure_for(self, exc: BaseException | None) -> Failure | None:
+        """The recorded failing example behind ``exc`` (by origin), else the last failure."""
+        if exc is not None and origin(exc) in self.failures:
+            return self.failures[origin(exc)]
+        return next(reversed(self.failures.values()), None)
+
+    def shrink(self, budget_s: float) -> dict[str, Any] | None:
+        """How long shrinking took, and whether Hypothesis's time budget cut it short."""
+        if self.first_failure_at is None:
+            return None
+        seconds = self.last_example_at - self.first_failure_at
+        return {
+            "seconds": round(seconds, 3),
+            "examples": self.examples_after_failure,
+            "cut_short": seconds >= budget_s,
+        }
+
+
+class Recorder:
+    """The suites' handle on the running check (session-scoped: Hypothesis examples share it)."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        log: Callable[..., None],
+        replay: Callable[[str], str],
+    ) -> None:
+        self._profile = profile
+        self._log = log
+        self._replay = replay
+        self.current: CheckRecord | None = None
+
+    # -- the suites' API -------------------------------------------------------------------
+    def case(
+        self,
+        prompts: Sequence[Sequence[int]],
+        shape: Any = None,
+        sampling: Any = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """Announce the running example's reproducer — prompt ids, batch shape, sampling spec
+        and anything else it drew — before it runs the stack; returns it."""
+        record = self._require_check()
+        record.case = {
+            "prompt_ids": [list(p) for p in prompts],
+            "batch_shape": shape.as_dict() if shape else {"batch_size": len(prompts)},
+            "sampling": sampling.as_dict() if sampling else None,
+            **extra,
+        }
+        return record.case
+
+    def measure(
+        self,
+        lp_train: Sequence[Any],
+        lp_infer: Sequence[Any],
+        *,
+        positions: Sequence[Sequence[int]] | None = None,
+    ) -> dict[str, float]:
+        """Record token-aligned log-prob rows of the running example; return its metrics.
+
+        Rows may be lists or 1-D tensors. NaN/inf values are measured, not raised: they count
+        as ``nonfinite_tokens``, which every profile bounds at 0.
+        """
+        import torch
+
+        from conformance.metrics import mismatch_metrics, stack_ragged
+
+        record = self._require_check()
+        train_rows = [torch.as_tensor(r, dtype=torch.float64).reshape(-1) for r in lp_train]
+        infer_rows = [torch.as_tensor(r, dtype=torch.float64).reshape(-1) for r in lp_infer]
+        train, mask = stack_ragged(train_rows)
+        infer, _ = stack_ragged(infer_rows)
+        metrics = _safe_metrics(mismatch_metrics, train, infer, mask)
+        record.examples_run += 1
+        for i, (t, n) in enumerate(zip(train_rows, infer_rows, strict=True)):
+            where = torch.as_tensor(positions[i]) if positions else torch.arange(t.numel())
+            record.rows.append((t, n, where))
+        record.metrics = metrics
+        severity = metrics.get("abs_diff_max", 0.0) + metrics["nonfinite_tokens"]
+        if record.worst is None or severity > record.worst[0]:
+            record.worst = (severity, record.case, metrics)
+        self._log(
+            event="measurement",
+            suite=record.suite,
+            nodeid=record.nodeid,
+            case=record.case,
+            metrics=metrics,
+        )
+        if metrics["nonfinite_tokens"]:
+            record.nonfinite_at = _first_nonfinite(train_rows, infer_rows)
+        return metrics
+
+    def violations(self, lp_train: Sequence[Any], lp_infer: Sequence[Any]) -> list[Any]:
+        """The profile's violations — by every bound, per-example and pooled alike — of these
+        rows alone, without recording them: for testing a hypothesis about what an engine
+        reports."""
+        import torch
+
+        from conformance.metrics import mismatch_metrics, stack_ragged
+
+        train, mask = stack_ragged([torch.as_tensor(r, dtype=torch.float64) for r in lp_train])
+        infer, _ = stack_ragged([torch.as_tensor(r, dtype=torch.float64) for r in lp_infer])
+        return self._profile.check(_safe_metrics(mismatch_metrics, train, infer, mask))
+
+    def note(self, **values: Any) -> None:
+        """Record extra per-check numbers (e.g. a simulated floor) next to the metrics."""
+        record = self._require_check()
+        record.extra.update(values)
+        self._log(event="note", nodeid=record.nodeid, values=values)
+
+    def check_profile(self, metrics: dict[str, float]) -> None:
+        """Hold one example to the profile's per-token and per-sequence bounds; the failure
+        names metric, value, threshold, the case and the replay command."""
+        record = self._require_check()
+        violations = self._profile.check({k: v for k, v in metrics.items() if k in EXAMPLE_METRICS})
+        if violations:
+            detail = f" — {record.nonfinite_at}" if metrics["nonfinite_tokens"] else ""
+            self.fail(f"{_describe(violations)} (profile {self._profile.name}){detail}", metrics)
+
+    def check_pooled(self) -> None:
+        """Hold the profile's population metrics over every token the test measured."""
+        record = self._require_check()
+        pooled = record.pooled()
+        violations = self._profile.check(
+            {k: v for k, v in pooled.items() if k not in EXAMPLE_METRICS}
+        )
+        if violations and record.worst is not None:
+            record.case = record.worst[1]
+            self.fail(
+                f"{_describe(violations)} over all {record.examples_run} examples pooled "
+                f"(profile {self._profile.name}); the worst example below",
+                record.worst[2],
+            )
+
+    def fail(self, headline: str, metrics: dict[str, float] | None = None) -> NoReturn:
+        """Fail the running example; the message carries its case and the replay command."""
+        record = self._require_check()
+        if metrics is not None:
+            record.metrics = metrics
+        raise AssertionError(
+            f"{record.suite}: {headline}\n  case: {json.dumps(record.case)}\n"
+            f"  replay: {self._replay(record.nodeid)}"
+        )
+
+    # -- the plugin's side -----------------------------------------------------------------
+    def begin_example(self) -> None:
+        record = self._require_check()
+        record.case = record.metrics = None
+        record.nonfinite_at = ""
+        if record.first_failure_at is not None:
+            record.examples_after_failure += 1
+
+    def example_failed(self, exc: BaseException) -> None:
+        """Keep the failing example's case under its origin (a later, smaller one replaces it)."""
+        record = self._require_check()
+        now = time.perf_counter()
+        record.failures[origin(exc)] = Failure(record.case, record.metrics)
+        if record.first_failure_at is None:
+            record.first_failure_at = now
+
+    def example_ended(self) -> None:
+        self._require_check().last_example_at = time.perf_counter()
+
+    def _require_check(self) -> CheckRecord:
+        if self.current is None:
+            raise RuntimeError("the recorder is only usable inside a conformance test")
+        return self.current
+
+
+def _safe_metrics(compute: Callable[..., dict[str, float]], *tensors: Any) -> dict[str, float]:
+    """Metrics, or just the count when every token is NaN/inf (nothing else is defined)."""
+    try:
+        return compute(*tensors)
+    except NonFiniteLogprobs as exc:
+        if not exc.count:
+            raise
+        return {"nonfinite_tokens": float(exc.count)}
+
+
+def _first_nonfinite(train_rows: list[Any], infer_rows: list[Any]) -> str:
+    """Where the first NaN/inf is, and on which side, for the failure message."""
+    import torch
+
+    for row, (train, infer) in enumerate(zip(train_rows, infer_rows, strict=True)):
+        for side, values in (
+            ("the backend's (lp_train)", train),
+            ("the engine's (lp_infer)", infer),
+        ):
+            bad = (~torch.isfinite(values)).nonzero()
+            if bad.numel():
+                col = int(bad[0])
+                return f"{side} log-prob is {float(values[col])} at sequence {row}, token {col}"
+    return ""
+
+
+def _describe(violations: Sequence[Any]) -> str:
+    return "; ".join(str(v) for v in violations)

@@ -1,0 +1,54 @@
+"""Model weights for the weight-sync property: read a model folder's weights, perturb them
+reproducibly, and write a model folder holding the perturbed ones."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+#: relative size of the perturbation: every tensor moves by half its own spread, so skipping
+#: any one of them in a refit changes log-probabilities far beyond every profile
+PERTURBATION = 0.5
+
+
+def read_weights(model: Path) -> dict[str, torch.Tensor]:
+    """The model folder's weights as a transformers-named state dict on CPU, in float32."""
+    from conformance.hf_model import load_causal_lm
+
+    lm = load_causal_lm(model, "float32", "sdpa")
+    return {name: tensor.detach().cpu().clone() for name, tensor in lm.state_dict().items()}
+
+
+def perturbed(weights: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
+    """Every tensor changed, reproducibly from ``seed``: ``w + s·σ(w)·ε`` for matrices and
+    ``w·(1 + s·ε)`` for vectors (norm weights, biases), ``ε ~ N(0, 1)``, ``s = PERTURBATION``."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    changed = {}
+    for name in sorted(weights):
+        w = weights[name]
+        noise = torch.randn(w.shape, generator=generator, dtype=torch.float32).to(w.dtype)
+        if w.ndim >= 2:
+            changed[name] = w + PERTURBATION * w.float().std().to(w.dtype) * noise
+        else:
+            changed[name] = w * (1 + PERTURBATION * noise)
+    return changed
+
+
+def write_model(weights: dict[str, torch.Tensor], like: Path, out: Path) -> Path:
+    """A model folder at ``out``: ``like``'s config and tokenizer with ``weights``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(like)
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(weights, strict=True)
+    model.save_pretrained(out)
+    for item in like.iterdir():
+        if item.is_file() and not (out / item.name).exists():
+            shutil.copy2(item, out / item.name)
+    return out

@@ -1,0 +1,56 @@
+"""Determinism.
+
+The same case submitted twice, and in another batch order, gives the same log-probabilities:
+bitwise under the ``exact`` profile, within the active profile otherwise; the fraction of
+positions that differ (1 − exact_match_rate) and the largest difference (abs_diff_max) are
+always recorded, as vLLM's and SGLang's determinism tests report them. Seeded sampling repeats
+its tokens too. An engine that cannot seed its sampling (``info()["seeded"]`` false: SGLang on
+CPU) still has its scoring checked.
+"""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance.strategies import sampling_specs
+from conformance.suite_support import new_tokens, prompt_batches
+
+
+@given(data=st.data())
+def test_scoring_is_deterministic(data, engine, model, depth, recorder):
+    shape, sequences = data.draw(prompt_batches(model, depth, min_len=2), label="batch")
+    order = data.draw(st.permutations(range(len(sequences))), label="order")
+    recorder.case(sequences, shape, order=order)
+
+    first = engine.score(sequences)
+    again = engine.score(sequences)
+    shuffled = engine.score([sequences[i] for i in order])
+    reordered = [shuffled[order.index(i)] for i in range(len(sequences))]
+
+    recorder.check_profile(recorder.measure([*first, *first], [*again, *reordered]))
+
+
+@given(data=st.data())
+def test_seeded_sampling_is_deterministic(data, engine, model, depth, recorder):
+    if engine.info().get("seeded") is False:
+        pytest.skip(f"engine {engine.name!r} cannot seed its sampling (its info() says so)")
+    spec = data.draw(sampling_specs(max_new_tokens=new_tokens(depth)), label="sampling")
+    shape, prompts = data.draw(
+        prompt_batches(model, depth, max_new_tokens=spec.max_new_tokens), label="batch"
+    )
+    recorder.case(prompts, shape, spec)
+
+    first = engine.generate(prompts, spec)
+    again = engine.generate(prompts, spec)
+
+    for row, (a, b) in enumerate(zip(first, again, strict=True)):
+        if a.tokens != b.tokens:
+            step = next(
+                i for i, (x, y) in enumerate(zip(a.tokens, b.tokens, strict=False)) if x != y
+            )
+            recorder.fail(
+                f"the same seeded case sampled different tokens: sequence {row} diverges at "
+                f"token {step} ({a.tokens[step]} vs {b.tokens[step]})"
+            )
+    metrics = recorder.measure([c.logprobs for c in first], [c.logprobs for c in again])
+    recorder.check_profile(metrics)

@@ -1,0 +1,240 @@
+"""Verdicts as a CI gate meets them: ``certify`` on deliberately broken engines (one realistic
+defect each, ``tests/support/engines.py``) says NOT CERTIFIED (exit 1), names the suite that
+caught it and records a shrunk case; on sound variants it says CERTIFIED (exit 0); a run that
+cannot finish is ``incomplete`` (exit 2) and still leaves its report."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conformance.metric_table import METRIC_NAMES
+
+REPO = Path(__file__).resolve().parents[2]
+ENGINES = "tests.support.engines:"
+
+
+def certify(*args: str, env: dict[str, str], out: Path) -> tuple[int, dict, str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "conformance", "certify", "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=1800,
+    )
+    report = json.loads((out / "report.json").read_text())
+    return result.returncode, report, result.stdout + result.stderr
+
+
+def failed_checks(report: dict) -> list[dict]:
+    return [c for c in report["checks"] if c["status"] == "fail"]
+
+
+#: engine, the suites that run, the suite(s) of which at least one must catch it, and a phrase
+#: the failure message must carry
+DEFECTS = [
+    ("OffByOne", ["rollout_parity"], {"rollout_parity"}, "abs_diff_max"),
+    ("ProcessedLogprobs", ["logprob_semantics"], {"logprob_semantics"}, "PROCESSED"),
+    ("UnmaskedPadding", ["rollout_parity"], {"rollout_parity"}, "abs_diff_max"),
+    ("LateDrift", ["rollout_parity", "decode_vs_prefill"], {"rollout_parity"}, "profile fp32"),
+    (
+        "LargeBatchNumerics",
+        ["batch_invariance", "prefill_parity"],
+        {"batch_invariance", "prefill_parity"},
+        "profile fp32",
+    ),
+    ("RareNaN", ["rollout_parity"], {"rollout_parity"}, "nonfinite_tokens = "),
+    ("NoOpWeightSync", ["weight_sync"], {"weight_sync"}, "abs_diff_max"),
+    ("PartialRefit", ["weight_sync"], {"weight_sync"}, "abs_diff_max"),
+    ("RunToRunNoise", ["determinism"], {"determinism"}, "profile fp32"),
+    ("ArgmaxLogprob", ["rollout_parity"], {"rollout_parity"}, "abs_diff_max"),
+    ("StaleGroupLogprobs", ["rollout_parity"], {"rollout_parity"}, "profile fp32"),
+    ("ShuffledOrder", ["prefill_parity"], {"prefill_parity"}, "profile fp32"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("engine", "suites", "catchers", "phrase"), DEFECTS, ids=[d[0] for d in DEFECTS]
+)
+def test_each_defect_is_not_certified_with_a_shrunk_case(
+    tmp_path, cli_env, engine, suites, catchers, phrase
+):
+    code, report, output = certify(
+        "--engine", ENGINES + engine, *(a for s in suites for a in ("--suite", s)),
+        env=cli_env, out=tmp_path / "run",
+    )  # fmt: skip
+    assert code == 1, output[-3000:]
+    assert report["verdict"] == "fail"
+    failed = failed_checks(report)
+    assert {c["suite"] for c in failed} & catchers, [c["nodeid"] for c in failed]
+    for check in failed:
+        case = check["worst_case"]
+        assert case["prompt_ids"] and "--hypothesis-seed" in case["replay"], check
+        assert (
+            any(name in check["message"] for name in METRIC_NAMES)
+            or "PROCESSED" in (check["message"])
+        )
+    assert any(phrase in c["message"] for c in failed), [c["message"] for c in failed]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["UnmaskedPadding", "ArgmaxLogprob"])
+def test_a_mismatch_that_is_not_processed_logprobs_is_not_called_processed(
+    tmp_path, cli_env, engine
+):
+    code, report, output = certify(
+        "--engine", ENGINES + engine, "--suite", "logprob_semantics",
+        env=cli_env, out=tmp_path / "run",
+    )  # fmt: skip
+    assert code == 1, output[-3000:]
+    messages = [c["message"] for c in failed_checks(report)]
+    assert messages and not any("PROCESSED" in m for m in messages), messages
+
+
+@pytest.mark.slow
+def test_the_recorded_case_replays_the_failure(tmp_path, cli_env):
+    code, report, _ = certify(
+        "--engine", ENGINES + "LateDrift", "--suite", "decode_vs_prefill",
+        env=cli_env, out=tmp_path / "run",
+    )  # fmt: skip
+    assert code == 1
+    (check,) = failed_checks(report)
+    # the case on record is Hypothesis's final, shrunk example: just past the drift's start
+    assert check["worst_case"]["sampling"]["max_new_tokens"] > 97
+    replay = shlex.split(check["worst_case"]["replay"])
+    assert replay[0] == "pytest"
+    rerun = subprocess.run(
+        [sys.executable, "-m", *replay, "-p", "no:cacheprovider", "-q"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=cli_env,
+        timeout=1800,
+    )
+    assert rerun.returncode == 1, rerun.stdout[-3000:]
+    assert check["message"].split(" (profile")[0] in rerun.stdout
+
+
+@pytest.mark.slow
+def test_a_rare_nan_is_shrunk_within_the_budget_and_says_so(tmp_path, cli_env):
+    code, report, output = certify(
+        "--engine", ENGINES + "RareNaN", "--suite", "rollout_parity", "--shrink-seconds", "30",
+        env=cli_env, out=tmp_path / "run",
+    )  # fmt: skip
+    assert code == 1, output[-3000:]
+    (check,) = failed_checks(report)
+    assert "the engine's (lp_infer) log-prob is nan" in check["message"]
+    shrink = check["shrink"]
+    assert shrink["examples"] >= 0 and shrink["cut_short"] == (shrink["seconds"] >= 30)
+    case = check["worst_case"]
+    # the NaN sits at absolute position 211: the minimal case reaches it and no further
+    longest = max(len(p) for p in case["prompt_ids"]) + case["sampling"]["max_new_tokens"]
+    assert longest >= 212
+
+
+@pytest.mark.slow
+def test_several_distinct_failures_in_one_property_are_one_fail(tmp_path, cli_env):
+    code, report, output = certify(
+        "--engine", ENGINES + "TwoDefects", "--suite", "rollout_parity",
+        env=cli_env, out=tmp_path / "run",
+    )  # fmt: skip
+    assert code == 1, output[-3000:]
+    (check,) = failed_checks(report)
+    assert "other failure" in check["message"] and check["worst_case"]["prompt_ids"]
+
+
+#: sound stacks, each under the profile its precision implies
+CONTROLS = {
+    "reference": [],
+    "another-attention-kernel": ["--engine-option", "attn_implementation=eager"],
+    "another-batch-layout": ["--engine", ENGINES + "OneAtATime", "--backend-micro-batch", "3"],
+    "bf16-engine": ["--engine-dtype", "bfloat16"],
+    "fp16-engine": ["--engine-dtype", "float16"],
+    "bf16-both": ["--engine-dtype", "bfloat16", "--backend-dtype", "bfloat16"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", CONTROLS.values(), ids=CONTROLS.keys())
+def test_each_sound_stack_is_certified(tmp_path, cli_env, args):
+    code, report, output = certify(*args, env=cli_env, out=tmp_path / "run")
+    assert code == 0, output[-3000:]
+    assert report["verdict"] == "pass"
+    assert not failed_checks(report)
+
+
+# -- runs that cannot finish -------------------------------------------------------------
+def _one_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.startswith("tim-conformance: error")]
+    assert len(lines) == 1 and "Traceback" not in output, output[-3000:]
+    return lines[0]
+
+
+def test_an_engine_that_does_not_start_is_incomplete(tmp_path, cli_env):
+    code, report, output = certify(
+        "--engine", ENGINES + "FailsToStart", "--suite", "prefill_parity",
+        env=cli_env, out=tmp_path / "run",
+    )  # fmt: skip
+    assert code == 2
+    assert report["verdict"] == "incomplete" and "failed to start" in report["reason"]
+    assert "simulated start failure" in _one_line(output)
+
+
+def test_a_hung_engine_call_ends_the_run_at_its_deadline(tmp_path, cli_env):
+    code, report, output = certify(
+        "--engine", ENGINES + "Hangs", "--suite", "rollout_parity", "--call-timeout", "5",
+        env=cli_env, out=tmp_path / "run",
+    )  # fmt: skip
+    assert code == 2, output[-3000:]
+    assert report["verdict"] == "incomplete"
+    assert "did not return within 5 s (hung)" in report["reason"]
+    assert "hung" in _one_line(output)
+    assert (tmp_path / "run" / "report.html").is_file()
+
+
+def test_sigterm_mid_run_writes_the_report_as_incomplete(tmp_path, cli_env):
+    out = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "conformance", "certify", "--out", str(out),
+         "--suite", "rollout_parity", "--examples", "500"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=cli_env,
+    )  # fmt: skip
+    results = out / "results.jsonl"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and '"measurement"' not in _read(results):
+        time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 2, output[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "incomplete" and "SIGTERM" in report["reason"]
+    assert report["checks"] and report["checks"][0]["examples_run"] >= 1
+    assert (out / "report.html").is_file()
+    assert "SIGTERM" in _one_line(output)
+
+
+def test_an_unknown_engine_option_is_one_line_before_any_test(tmp_path, cli_env):
+    result = subprocess.run(
+        [sys.executable, "-m", "conformance", "certify", "--out", str(tmp_path / "run"),
+         "--engine-option", "foo=bar"],
+        capture_output=True, text=True, cwd=REPO, env=cli_env, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "foo" in _one_line(result.stderr) and "fix:" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""

