@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.strategies import sampling_specs
-from conformance.suite_support import case, generated_rows, prompt_batches
+from conformance.suite_support import generated_rows, new_tokens, prompt_batches
 
 
 def _parallel_size(component: Any, kind: str) -> dict[str, int]:
@@ -51,33 +51,30 @@ def single_backend(backend, tim) -> tuple[Any, dict[str, int]]:
 
 
 @given(data=st.data())
-def test_engine_parallelism_invariance(data, single_engine, engine, model, recorder):
+def test_engine_parallelism_invariance(data, single_engine, engine, model, depth, recorder):
     single, parallel = single_engine
-    shape, sequences = data.draw(prompt_batches(model, min_len=2), label="batch")
+    shape, sequences = data.draw(prompt_batches(model, depth, min_len=2), label="batch")
+    recorder.case(sequences, shape, **parallel)
+    recorder.check_profile(recorder.measure(single.score(sequences), engine.score(sequences)))
 
-    example = case(sequences, shape, **parallel)
-    metrics = recorder.measure(single.score(sequences), engine.score(sequences), case=example)
-    recorder.check_profile(metrics, example)
-
-    spec = data.draw(sampling_specs(), label="sampling")
-    shape, prompts = data.draw(prompt_batches(model, max_new_tokens=spec.max_new_tokens), "rollout")
+    spec = data.draw(sampling_specs(max_new_tokens=new_tokens(depth)), label="sampling")
+    shape, prompts = data.draw(
+        prompt_batches(model, depth, max_new_tokens=spec.max_new_tokens), label="rollout"
+    )
+    recorder.case(prompts, shape, spec, **parallel)
     completions = engine.generate(prompts, spec)
     rescored = single.score([c.sequence for c in completions])
     lp_single, lp_parallel, positions = generated_rows(completions, rescored)
-
-    example = case(prompts, shape, spec, **parallel)
-    metrics = recorder.measure(lp_single, lp_parallel, case=example, positions=positions)
-    recorder.check_profile(metrics, example)
+    recorder.check_profile(recorder.measure(lp_single, lp_parallel, positions=positions))
 
 
 @given(data=st.data())
-def test_backend_parallelism_invariance(data, single_backend, backend, model, recorder):
+def test_backend_parallelism_invariance(data, single_backend, backend, model, depth, recorder):
     single, parallel = single_backend
-    shape, sequences = data.draw(prompt_batches(model, min_len=2), label="batch")
+    shape, sequences = data.draw(prompt_batches(model, depth, min_len=2), label="batch")
+    recorder.case(sequences, shape, **parallel)
 
     lp_single = single.recompute(sequences).logprobs
     lp_parallel = backend.recompute(sequences).logprobs
 
-    example = case(sequences, shape, **parallel)
-    metrics = recorder.measure(lp_single, lp_parallel, case=example)
-    recorder.check_profile(metrics, example)
+    recorder.check_profile(recorder.measure(lp_single, lp_parallel))
