@@ -18,19 +18,18 @@ from conformance import __version__
 from conformance.errors import UsageError
 from conformance.metric_table import worst_metrics
 from conformance.report.schema import Report, load_report
+from conformance.stack import VOLATILE_INFO
 
 CERTIFICATE_SCHEMA = 1
 
 #: stack fields that identify a checkout or a process rather than the numerics: a model moved
-#: to another folder is the same model (its sha256 says so); a server's port is not a property
-#: of the stack. The fingerprint itself is recomputed from the rest, so it is compared via them.
+#: to another folder is the same model (its sha256 says so); a server's port or a rank's pid is
+#: not a property of the stack. The fingerprint itself is recomputed from the rest, so it is
+#: compared via them.
 VOLATILE = (
     ("fingerprint",),
     ("model", "path"),
-    ("engine_info", "pid"),
-    ("engine_info", "port"),
-    ("engine_info", "url"),
-    ("backend_info", "pid"),
+    *((info, key) for info in ("engine_info", "backend_info") for key in sorted(VOLATILE_INFO)),
 )
 
 

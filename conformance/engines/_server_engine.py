@@ -53,6 +53,7 @@ class ServerEngine(Engine):
                     "start one",
                 )
             self.options: dict[str, Any] = {}
+            self.parallel = None  # an attached server is split as its owner chose, unknown here
             self.url = url.rstrip("/")
             self.served = self._get(self.describe_path)
             return

@@ -34,6 +34,7 @@ from conformance.engines.base import (
 )
 from conformance.env import SGL_KERNEL_STANDIN
 from conformance.errors import EngineUnavailable, UsageError
+from conformance.parallel import ParallelSetting
 
 log = logging.getLogger("conformance.engines.sglang")
 
@@ -54,7 +55,11 @@ OPTIONS: dict[str, Callable[[str], Any]] = {
     "rope_cache_fp32": parse_bool,
     # SGLang honours a request's sampling_seed only in deterministic-inference mode
     "enable_deterministic_inference": parse_bool,
+    "tp_size": parse_positive_int,
 }
+
+#: the engines' parallel setting (see ``conformance.parallel``)
+PARALLEL = ParallelSetting(option="tp_size", label="tp_size")
 
 #: what the knob suite varies (``conformance.knobs``: two variant engines hold these values)
 KNOBS: dict[str, Knob] = {
@@ -82,11 +87,27 @@ def parse_options(
     engine: str, options: Mapping[str, Any], *, extra: Mapping[str, Callable[[str], Any]]
 ) -> dict[str, Any]:
     """Typed options without defaults (``with_defaults`` adds them)."""
-    return parse_engine_options(engine, options, {**OPTIONS, **extra}, {})
+    parsed = parse_engine_options(engine, options, {**OPTIONS, **extra}, {})
+    _check_tensor_parallel(parsed)
+    return parsed
 
 
 def with_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
     return {**_defaults(), **options}
+
+
+def _check_tensor_parallel(options: Mapping[str, Any]) -> None:
+    """sglang 0.5.23 builds every tensor-parallel group with a NCCL communicator unless the
+    platform is NPU/XPU (``parallel_state.init_model_parallel_group``): on CPU that fails
+    ("Expected a cuda device, but got: cpu"), and the failing scheduler then SIGQUITs the process
+    that started it. So tp_size > 1 on CPU is refused up front."""
+    merged = with_defaults(options)
+    if merged["device"] == "cpu" and PARALLEL.size(merged) > 1:
+        raise UsageError(
+            f"SGLang's CPU engine cannot run tp_size={PARALLEL.size(merged)}: its "
+            "tensor-parallel groups need NCCL (a CUDA device)",
+            "use tp_size=1 on CPU, or run SGLang on GPUs",
+        )
 
 
 def server_args(config: EngineConfig, options: Mapping[str, Any]) -> dict[str, Any]:

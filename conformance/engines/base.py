@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from conformance.errors import UsageError
+from conformance.parallel import ParallelSetting
 
 #: token-id sequences: the prompts of a batch, or the sequences to score
 TokenBatch = Sequence[Sequence[int]]
@@ -114,6 +115,8 @@ class Engine(ABC):
     #: engines that together hold every value (``conformance.knobs``); declaring them here is all
     #: an engine does to have them varied.
     KNOBS: ClassVar[Mapping[str, Knob]] = {}
+    #: the option that splits the model over devices, for engines that have one
+    parallel: ClassVar[ParallelSetting | None] = None
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -157,11 +160,14 @@ class Engine(ABC):
 
     def info(self) -> dict[str, Any]:
         """What identifies this engine in a stack fingerprint: versions, knobs, device."""
-        return {
+        info: dict[str, Any] = {
             "engine": self.name,
             "dtype": self.config.dtype,
             "logprobs": self.config.logprobs.value,
         }
+        if self.parallel is not None:
+            info["parallel"] = {self.parallel.label: self.parallel.size(self.config.options)}
+        return info
 
     def close(self) -> None:
         """Release everything the engine holds (processes, ports, memory). Idempotent."""

@@ -20,6 +20,7 @@ from conformance.errors import EngineCrashed, EngineUnavailable
 class SGLangEngine(Engine):
     name = "sglang"
     KNOBS = common.KNOBS
+    parallel = common.PARALLEL
 
     @classmethod
     def check_options(cls, options: Mapping[str, str]) -> None:

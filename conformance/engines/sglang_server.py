@@ -27,6 +27,7 @@ from conformance.errors import EngineUnavailable
 class SGLangServerEngine(ServerEngine):
     name = "sglang-server"
     KNOBS = common.KNOBS
+    parallel = common.PARALLEL
     label = "SGLang server"
     launch_hint = "python -m sglang.launch_server"
     start_timeout = SGLANG_START_TIMEOUT

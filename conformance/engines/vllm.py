@@ -24,6 +24,7 @@ _OPEN: set[int] = set()
 class VLLMEngine(Engine):
     name = "vllm"
     KNOBS = common.KNOBS
+    parallel = common.PARALLEL
 
     @classmethod
     def check_options(cls, options: Mapping[str, str]) -> None:
@@ -36,7 +37,11 @@ class VLLMEngine(Engine):
         atexit.register(shutil.rmtree, self._root, True)
         # vLLM reads these while importing and starting, so they go in before either
         os.environ.update(
-            common.environment(self._root, enforce_eager=self.options["enforce_eager"])
+            common.environment(
+                self._root,
+                enforce_eager=self.options["enforce_eager"],
+                tensor_parallel_size=common.PARALLEL.size(self.options),
+            )
         )
         try:
             from vllm import LLM
@@ -143,6 +148,7 @@ class VLLMEngine(Engine):
                 "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
                 "enable_prefix_caching": config.cache_config.enable_prefix_caching,
                 "max_num_seqs": config.scheduler_config.max_num_seqs,
+                "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
                 "max_model_len": config.model_config.max_model_len,
                 "logprobs_mode": config.model_config.logprobs_mode,
             }
@@ -156,7 +162,10 @@ class VLLMEngine(Engine):
         core = llm.llm_engine.engine_core
         if _OPEN:
             # shutdown() also tears down vLLM's process-wide distributed state, which the
-            # engines still open here use: free this one's model and cache, leave the rest
+            # engines still open here use: free this one's model and cache, leave the rest;
+            # tensor-parallel workers are processes of this engine's own, stopped with it
+            if common.PARALLEL.size(self.options) > 1:
+                core.engine_core.model_executor.shutdown()
             core._finalizer.detach()
             gc.unfreeze()
         else:

@@ -31,6 +31,7 @@ def _token_id(token: str) -> int:
 class VLLMServerEngine(ServerEngine):
     name = "vllm-server"
     KNOBS = common.KNOBS
+    parallel = common.PARALLEL
     label = "vLLM server"
     launch_hint = "python -m vllm.entrypoints.openai.api_server"
     start_timeout = VLLM_START_TIMEOUT
@@ -55,7 +56,11 @@ class VLLMServerEngine(ServerEngine):
         ]
 
     def environment(self, root: str) -> dict[str, str]:
-        return common.environment(root, enforce_eager=self.options["enforce_eager"])
+        return common.environment(
+            root,
+            enforce_eager=self.options["enforce_eager"],
+            tensor_parallel_size=common.PARALLEL.size(self.options),
+        )
 
     @property
     def _model(self) -> dict[str, Any]:

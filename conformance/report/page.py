@@ -124,6 +124,7 @@ def run_table(report: Report) -> Markup:
         ("fingerprint", tag("code", stack["fingerprint"])),
         ("engine", f"{stack['engine']} ({stack['engine_dtype']})"),
         ("backend", f"{stack['backend']} ({stack['backend_dtype']})"),
+        ("parallelism", _pairs(stack.get("parallelism")) or "none: engine and backend unsplit"),
         (
             "model",
             f"{model.get('path', '—')}  "
