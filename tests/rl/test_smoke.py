@@ -167,9 +167,11 @@ def test_certify_rl_smoke_takes_the_training_options(tmp_path, cli_env):
 
     out = tmp_path / "report"
     args = ["--rl-smoke", *SEEDS_REGIME, "--clip-high", "0.28", "--suite", "rl_smoke"]
+    # one thread: two torch threads spin-wait on a loaded 2-core box (this test: 217 s vs 44 s)
+    env = {**cli_env, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "conformance", "certify", *args, "--out", str(out)],
-        capture_output=True, text=True, env=cli_env, cwd=tmp_path, timeout=600,
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rl = json.loads((out / "report.json").read_text())["rl"]
