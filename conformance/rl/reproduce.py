@@ -110,6 +110,8 @@ class Study:
     key: str
     claim: str
     experiments: tuple[Experiment, ...]
+    #: the experiments its plot draws (empty: all)
+    plotted: tuple[str, ...] = ()
 
 
 STUDIES = (
@@ -214,6 +216,9 @@ STUDIES = (
                 lr=5e-4,
                 **ENGINE,
             ),
+        ),
+        plotted=tuple(
+            f"K=4, engine, lr {lr}, {side}" for lr in ("5e-4", "1e-3") for side in ("bf16", "exact")
         ),
     ),
 )
@@ -388,6 +393,8 @@ def plot(study: Study, runs: dict[str, list[Rows]], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(1, len(CURVES), figsize=(13, 2.9))
     for e in study.experiments:
+        if study.plotted and e.name not in study.plotted:
+            continue
         seeds = runs[e.name]
         for ax, (key, title, log) in zip(axes, CURVES, strict=True):
             per_seed = [smooth([value(r, key) for r in rows]) for rows in seeds]
