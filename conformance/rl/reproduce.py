@@ -112,6 +112,8 @@ class Study:
     experiments: tuple[Experiment, ...]
     #: the experiments its plot draws (empty: all)
     plotted: tuple[str, ...] = ()
+    #: the ``FIGURES`` its table shows (empty: all)
+    columns: tuple[str, ...] = ()
 
 
 STUDIES = (
@@ -220,6 +222,15 @@ STUDIES = (
         plotted=tuple(
             f"K=4, engine, lr {lr}, {side}" for lr in ("5e-4", "1e-3") for side in ("bf16", "exact")
         ),
+        columns=(
+            "reward early",
+            "reward late",
+            "std ρ early",
+            "std ρ late",
+            "entropy late",
+            "length late",
+            "grad norm late",
+        ),
     ),
 )
 
@@ -230,11 +241,14 @@ def run_dir(runs_dir: Path, experiment: Experiment, seed: int) -> Path:
     return runs_dir / f"{slug}-s{seed}"
 
 
-def run(experiment: Experiment, seed: int, runs_dir: Path) -> Rows:
-    """The run's rows, from ``runs_dir`` if it finished there before."""
+def run(experiment: Experiment, seed: int, runs_dir: Path, *, start: bool = True) -> Rows:
+    """The run's rows, from ``runs_dir`` if it finished there before; a run not there yet is
+    started, or with ``start=False`` left out (no rows)."""
     out = run_dir(runs_dir, experiment, seed)
     path = out / "rl.jsonl"
     if not (path.is_file() and len(path.read_text().splitlines()) == experiment.steps):
+        if not start:
+            return []
         engine, backend = build_stack(replace(StackSpec(), engine_dtype=experiment.engine_dtype))
         try:
             run_smoke(engine, backend, experiment.config(seed), out)
@@ -314,11 +328,15 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def study_table(study: Study, runs: dict[str, list[Rows]]) -> str:
-    header = ["experiment", "seeds", "steps", *FIGURES, "alarm", "collapse", "s/step"]
+    figures = {k: f for k, f in FIGURES.items() if not study.columns or k in study.columns}
+    header = ["experiment", "seeds", "steps", *figures, "alarm", "collapse", "s/step"]
     rows = []
     for e in study.experiments:
         seeds = runs[e.name]
-        cells = [spread([figure(r) for r in seeds]) for figure in FIGURES.values()]
+        if not seeds:
+            rows.append([e.name, "0", str(e.steps), *["not run"] * (len(header) - 3)])
+            continue
+        cells = [spread([figure(r) for r in seeds]) for figure in figures.values()]
         seconds = statistics.mean(statistics.mean(x["seconds"] for x in r) for r in seeds)
         rows.append(
             [
@@ -393,9 +411,9 @@ def plot(study: Study, runs: dict[str, list[Rows]], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(1, len(CURVES), figsize=(13, 2.9))
     for e in study.experiments:
-        if study.plotted and e.name not in study.plotted:
-            continue
         seeds = runs[e.name]
+        if not seeds or (study.plotted and e.name not in study.plotted):
+            continue
         for ax, (key, title, log) in zip(axes, CURVES, strict=True):
             per_seed = [smooth([value(r, key) for r in rows]) for rows in seeds]
             n = min(map(len, per_seed))
@@ -426,6 +444,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", default=None, help="study keys to run")
     parser.add_argument("--doc", type=Path, default=None, help="markdown doc with the blocks")
     parser.add_argument("--plots", type=Path, default=None, help="folder for PNG plots")
+    parser.add_argument(
+        "--no-run", action="store_true", help="draw from the finished runs only, start none"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     chosen = [s for s in STUDIES if args.only is None or s.key in args.only]
@@ -435,7 +456,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     blocks = {}
     for study in chosen:
         runs = {
-            e.name: [run(e, s, args.runs_dir) for s in e.seeds or args.seeds]
+            e.name: [
+                rows
+                for s in e.seeds or args.seeds
+                if (rows := run(e, s, args.runs_dir, start=not args.no_run))
+            ]
             for e in study.experiments
         }
         blocks[study.key] = block(study, runs)
