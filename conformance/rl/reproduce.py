@@ -11,6 +11,7 @@ picks studies. Plots need matplotlib (a dev tool, not a dependency of the harnes
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import re
@@ -397,7 +398,9 @@ CURVES = (
     ("reward", "reward", False),
     ("rho_std", "std ρ (mismatch)", True),
     ("entropy", "entropy", True),
-    ("clip_fraction", "clip fraction", True),
+    ("clip_fraction", "clip fraction (tokens)", True),
+    ("grad_norm", "grad norm (before clip)", True),
+    ("response_length", "response length", False),
 )
 
 
@@ -409,7 +412,8 @@ def plot(study: Study, runs: dict[str, list[Rows]], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
-    fig, axes = plt.subplots(1, len(CURVES), figsize=(13, 2.9))
+    fig, grid = plt.subplots(2, len(CURVES) // 2, figsize=(12, 5.4))
+    axes = list(grid.flat)
     for e in study.experiments:
         seeds = runs[e.name]
         if not seeds or (study.plotted and e.name not in study.plotted):
@@ -427,10 +431,17 @@ def plot(study: Study, runs: dict[str, list[Rows]], out: Path) -> None:
                 ax.set_yscale("symlog", linthresh=1e-4)
             ax.tick_params(labelsize=7)
             ax.set_xlabel("step", fontsize=8)
-    axes[0].legend(fontsize=6)
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / f"rl-{study.key}.png", dpi=60)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=65)
     plt.close(fig)
+    # a 256-colour palette keeps each committed PNG near 50 kB instead of 150 kB
+    from PIL import Image
+
+    buffer.seek(0)
+    image = Image.open(buffer).convert("RGB").quantize(256)
+    image.save(out / f"rl-{study.key}.png", optimize=True)
 
 
 def smooth(values: Sequence[float], k: int = 15) -> list[float]:
