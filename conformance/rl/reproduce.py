@@ -38,11 +38,10 @@ SEEDS = (0, 1, 2)
 REGIME: dict[str, Any] = {"prompts": 4, "group": 8, "updates_per_step": 4}
 #: long answers (128–160 tokens) cost ≈ 8× per response: 2 prompts × 8, 60 warm-start steps
 LONG: dict[str, Any] = {"long": True, "prompts": 2, "warm_steps": 60}
-#: steps of the runs whose claim is about growth, and of the long-answer runs
-GROWTH_STEPS = 400
+#: steps of a run (×4 updates: 1200 gradient steps, Table 1 reports 4–400), and of the
+#: long-answer runs
+STEPS = 300
 LONG_STEPS = 150
-#: the positive-control search's runs (one seed each unless a candidate is confirmed)
-SEARCH_STEPS = 300
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,7 @@ class Experiment:
     engine_dtype: str = "bfloat16"
     scenario: Scenario = field(default_factory=lambda: Scenario("natural"))
     remedy: str = "none"
-    steps: int = GROWTH_STEPS
+    steps: int = STEPS
     #: RunConfig fields beyond the regime's (lr, old_logprobs, clip_high, long, ...)
     settings: tuple[tuple[str, Any], ...] = ()
     #: the seeds it runs with (None: the command's ``--seeds``)
@@ -79,7 +78,7 @@ def exp(
     dtype: str = "bfloat16",
     scenario: Scenario | None = None,
     remedy: str = "none",
-    steps: int = GROWTH_STEPS,
+    steps: int = STEPS,
     seeds: tuple[int, ...] | None = None,
     **settings: Any,
 ) -> Experiment:
@@ -92,7 +91,7 @@ def exp(
 def pair(name: str, *, seeds: tuple[int, ...] | None = (0,), **kwargs: Any) -> list[Experiment]:
     """The positive-control search's unit: a mismatched run and its ``exact`` control with the
     same settings and seeds (the engine in fp32 and its log-probs replaced: ρ ≡ 1)."""
-    steps = kwargs.pop("steps", SEARCH_STEPS)
+    steps = kwargs.pop("steps", STEPS)
     mismatched = exp(f"{name}, bf16", steps=steps, seeds=seeds, **kwargs)
     kwargs.pop("scenario", None)
     control = exp(f"{name}, exact", dtype="float32", scenario=EXACT, steps=steps, seeds=seeds,
@@ -117,16 +116,27 @@ class Study:
     columns: tuple[str, ...] = ()
 
 
+#: the experiments several studies share (one run each, one row in each table)
+R_BF16 = exp("K=4, recompute, bf16")
+R_GSPO = exp("K=4, recompute, gspo, bf16", **GSPO)
+#: under ``exact`` the two old policies are the same run (ρ ≡ 1: lp_infer := lp_recompute)
+E_EXACT = exp("K=4, engine, exact", dtype="float32", scenario=EXACT, **ENGINE)
+E_BF16 = exp("K=4, engine, bf16", **ENGINE)
+LONG_EXACT = exp("K=4, engine, long, exact", dtype="float32", scenario=EXACT, steps=LONG_STEPS,
+                 **ENGINE, **LONG)  # fmt: skip
+LONG_BF16 = exp("K=4, engine, long, bf16", steps=LONG_STEPS, **ENGINE, **LONG)
+EDGE_LR = 1e-3
+
 STUDIES = (
     Study(
         "clip",
         "Stronger token clipping makes mismatch grow faster; sequence clipping (GSPO) does not "
         "(objective-level-hacking §4.3, Fig. 4, Table 1)",
         (
-            exp("token-clip-0.2/0.20", clip_high=0.2),
-            exp("token-clip-0.2/0.24", clip_high=0.24),
-            exp("token-clip-0.2/0.28", clip_high=0.28),
-            exp("seq-clip-gspo", **GSPO),
+            R_BF16,
+            exp("K=4, recompute, bf16, clip-high 0.24", clip_high=0.24),
+            exp("K=4, recompute, bf16, clip-high 0.28", clip_high=0.28),
+            R_GSPO,
         ),
     ),
     Study(
@@ -135,45 +145,41 @@ STUDIES = (
         "mismatch grow and the run degrade; unbiased noise N(1, 0.2²) does not "
         "(objective-level-hacking §4.4, §5.1, Fig. 5, App. B.2)",
         (
-            exp("gspo", **GSPO),
-            exp("gspo+δ=1.2", scenario=Scenario("biased", strength=1.2), **GSPO),
-            exp("gspo+δ=2", scenario=Scenario("biased", strength=2.0), **GSPO),
-            exp("gspo+δ=3", scenario=Scenario("biased", strength=3.0), **GSPO),
-            exp("gspo+δ=0", scenario=Scenario("biased", strength=0.0), **GSPO),
-            exp("gspo+noise σ=0.2", scenario=Scenario("unbiased", strength=0.2), **GSPO),
+            R_GSPO,
+            *(
+                exp(f"gspo, bf16, δ={d:g}", scenario=Scenario("biased", strength=d), **GSPO)
+                for d in (1.2, 2.0, 3.0, 0.0)
+            ),
+            exp("gspo, bf16, noise σ=0.2", scenario=Scenario("unbiased", strength=0.2), **GSPO),
         ),
     ),
     Study(
         "remedies",
         "Against a natural bf16 mismatch, TIS and MIS slow the damage and the length-decay LR "
-        "(Algorithm 1) stabilises training (objective-level-hacking Fig. 2; lr-scheduling §3.3)",
+        "(Algorithm 1) stabilises training (objective-level-hacking Fig. 2; lr-scheduling §3.3); "
+        "run at lr 1e-3, where runs in this regime collapse",
         (
-            exp("exact (fp32)", dtype="float32", scenario=EXACT),
-            exp("bf16"),
-            exp("bf16+tis", remedy="tis"),
-            exp("bf16+mis", remedy="mis"),
-            exp("bf16+lr-decay", remedy="lr-decay"),
+            exp("lr 1e-3, exact", dtype="float32", scenario=EXACT, lr=EDGE_LR),
+            exp("lr 1e-3, bf16", lr=EDGE_LR),
+            exp("lr 1e-3, bf16, tis", remedy="tis", lr=EDGE_LR),
+            exp("lr 1e-3, bf16, mis", remedy="mis", lr=EDGE_LR),
+            exp("lr 1e-3, bf16, lr-decay", remedy="lr-decay", lr=EDGE_LR),
         ),
     ),
     Study(
         "old-policy",
         "Putting the engine's log-probs into the ratio (verl bypass, decoupled PPO) lets the "
         "mismatch into the objective; recomputing the old policy keeps it out",
-        (
-            exp("recompute, exact (fp32)", dtype="float32", scenario=EXACT),
-            exp("recompute, bf16"),
-            exp("engine, exact (fp32)", dtype="float32", scenario=EXACT, old_logprobs="engine"),
-            exp("engine, bf16", old_logprobs="engine"),
-        ),
+        (E_EXACT, R_BF16, E_BF16),
     ),
     Study(
         "long",
         "Long answers make the mismatch matter more (per-sequence error grows with T; "
         "lr-scheduling Thm 3.1: the gradient bias grows as T²)",
         (
-            exp("long, exact (fp32)", dtype="float32", scenario=EXACT, steps=LONG_STEPS, **LONG),
-            exp("long, bf16", steps=LONG_STEPS, **LONG),
-            exp("long, engine, bf16", steps=LONG_STEPS, old_logprobs="engine", **LONG),
+            LONG_EXACT,
+            LONG_BF16,
+            exp("K=4, recompute, long, bf16", steps=LONG_STEPS, **LONG),
         ),
     ),
     Study(
@@ -181,19 +187,21 @@ STUDIES = (
         "Positive control: some realistic setting makes the *mismatch* collapse a run whose "
         "zero-mismatch (`exact`) control, same seed and settings, does not collapse",
         (
-            *pair("K=4, engine", **ENGINE),
+            E_BF16,
+            E_EXACT,
             *pair("K=8, engine", updates_per_step=8, **ENGINE),
             *pair("K=4, engine, lr 1e-3", lr=1e-3, seeds=SEEDS, **ENGINE),
             *pair("K=4, engine, lr 5e-4", lr=5e-4, seeds=SEEDS, **ENGINE),
             *pair("K=4, engine, lr 7e-4", lr=7e-4, seeds=SEEDS, **ENGINE),
             *pair("K=4, engine, gspo", **ENGINE, **GSPO),
-            *pair("K=4, engine, long", steps=LONG_STEPS, **ENGINE, **LONG),
+            LONG_BF16,
+            LONG_EXACT,
             *pair("K=8, engine, long", steps=LONG_STEPS, updates_per_step=8, **ENGINE, **LONG),
             *(
                 exp(
                     f"K=4, engine, biased engine δ={d:g}",
                     scenario=Scenario("engine-bias", strength=d),
-                    steps=SEARCH_STEPS,
+                    steps=STEPS,
                     seeds=(0,),
                     **ENGINE,
                 )
@@ -204,7 +212,7 @@ STUDIES = (
                     f"K=4, engine, fp32 + injected {s:g}",
                     dtype="float32",
                     scenario=Scenario("inject", strength=s),
-                    steps=SEARCH_STEPS,
+                    steps=STEPS,
                     seeds=(0,),
                     **ENGINE,
                 )
@@ -214,7 +222,7 @@ STUDIES = (
                 "K=4, engine, lr 5e-4, fp32 + injected 0.1",
                 dtype="float32",
                 scenario=Scenario("inject", strength=0.1),
-                steps=SEARCH_STEPS,
+                steps=STEPS,
                 seeds=SEEDS,
                 lr=5e-4,
                 **ENGINE,

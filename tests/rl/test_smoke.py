@@ -184,3 +184,15 @@ def test_certify_rl_smoke_takes_the_training_options(tmp_path, cli_env):
         capture_output=True, text=True, env=cli_env, cwd=tmp_path, timeout=600,
     )  # fmt: skip
     assert refused.returncode == 2 and "--rl-smoke" in refused.stderr
+
+
+def test_under_exact_the_two_old_policies_are_the_same_run(tmp_path):
+    """ρ ≡ 1 means the engine's log-probs *are* the recompute, so one exact control serves both
+    (docs/reproduction.md shares it)."""
+    rows = []
+    for old in ("recompute", "engine"):
+        _, _, got = _cli_run(tmp_path / old, "--updates-per-step", "4", "--old-logprobs", old,
+                             "--scenario", "exact", "--steps", "6")  # fmt: skip
+        rows.append([{k: v for k, v in r.items() if k != "seconds"} for r in got])
+    assert rows[0] == rows[1]
+    assert any(r["clip_fraction"] > 0 for r in rows[0])  # off-policy updates did happen
