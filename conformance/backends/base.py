@@ -117,7 +117,9 @@ class Backend(ABC):
         ``sequences``, ``clip_low``, ``clip_high``, ``clip_seq``, ``ratio_k3``). A backend that
         splits the batch (data-parallel ranks, micro-batches) calls ``policy_loss`` on each
         ``batch.shard(i, n)`` and returns the sums of the losses and counts, which equal the
-        whole batch's (the shards keep the batch's ``loss_norm``).
+        whole batch's (the shards keep the batch's ``loss_norm``); the gradients must add up
+        too, so under a mean all-reduce (FSDP's and DDP's default) each rank scales its shard's
+        loss by the world size before backward.
         """
         raise NotImplementedError(
             f"backend {self.name!r} cannot train; implement update(), state_dict() and "

@@ -11,6 +11,7 @@ picks studies. Plots need matplotlib (a dev tool, not a dependency of the harnes
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import re
@@ -37,11 +38,10 @@ SEEDS = (0, 1, 2)
 REGIME: dict[str, Any] = {"prompts": 4, "group": 8, "updates_per_step": 4}
 #: long answers (128–160 tokens) cost ≈ 8× per response: 2 prompts × 8, 60 warm-start steps
 LONG: dict[str, Any] = {"long": True, "prompts": 2, "warm_steps": 60}
-#: steps of the runs whose claim is about growth, and of the long-answer runs
-GROWTH_STEPS = 400
+#: steps of a run (×4 updates: 1200 gradient steps, Table 1 reports 4–400), and of the
+#: long-answer runs
+STEPS = 300
 LONG_STEPS = 150
-#: the positive-control search's runs (one seed each unless a candidate is confirmed)
-SEARCH_STEPS = 300
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class Experiment:
     engine_dtype: str = "bfloat16"
     scenario: Scenario = field(default_factory=lambda: Scenario("natural"))
     remedy: str = "none"
-    steps: int = GROWTH_STEPS
+    steps: int = STEPS
     #: RunConfig fields beyond the regime's (lr, old_logprobs, clip_high, long, ...)
     settings: tuple[tuple[str, Any], ...] = ()
     #: the seeds it runs with (None: the command's ``--seeds``)
@@ -78,7 +78,7 @@ def exp(
     dtype: str = "bfloat16",
     scenario: Scenario | None = None,
     remedy: str = "none",
-    steps: int = GROWTH_STEPS,
+    steps: int = STEPS,
     seeds: tuple[int, ...] | None = None,
     **settings: Any,
 ) -> Experiment:
@@ -91,7 +91,7 @@ def exp(
 def pair(name: str, *, seeds: tuple[int, ...] | None = (0,), **kwargs: Any) -> list[Experiment]:
     """The positive-control search's unit: a mismatched run and its ``exact`` control with the
     same settings and seeds (the engine in fp32 and its log-probs replaced: ρ ≡ 1)."""
-    steps = kwargs.pop("steps", SEARCH_STEPS)
+    steps = kwargs.pop("steps", STEPS)
     mismatched = exp(f"{name}, bf16", steps=steps, seeds=seeds, **kwargs)
     kwargs.pop("scenario", None)
     control = exp(f"{name}, exact", dtype="float32", scenario=EXACT, steps=steps, seeds=seeds,
@@ -110,7 +110,22 @@ class Study:
     key: str
     claim: str
     experiments: tuple[Experiment, ...]
+    #: the experiments its plot draws (empty: all)
+    plotted: tuple[str, ...] = ()
+    #: the ``FIGURES`` its table shows (empty: all)
+    columns: tuple[str, ...] = ()
 
+
+#: the experiments several studies share (one run each, one row in each table)
+R_BF16 = exp("K=4, recompute, bf16")
+R_GSPO = exp("K=4, recompute, gspo, bf16", **GSPO)
+#: under ``exact`` the two old policies are the same run (ρ ≡ 1: lp_infer := lp_recompute)
+E_EXACT = exp("K=4, engine, exact", dtype="float32", scenario=EXACT, **ENGINE)
+E_BF16 = exp("K=4, engine, bf16", **ENGINE)
+LONG_EXACT = exp("K=4, engine, long, exact", dtype="float32", scenario=EXACT, steps=LONG_STEPS,
+                 **ENGINE, **LONG)  # fmt: skip
+LONG_BF16 = exp("K=4, engine, long, bf16", steps=LONG_STEPS, **ENGINE, **LONG)
+EDGE_LR = 1e-3
 
 STUDIES = (
     Study(
@@ -118,10 +133,10 @@ STUDIES = (
         "Stronger token clipping makes mismatch grow faster; sequence clipping (GSPO) does not "
         "(objective-level-hacking §4.3, Fig. 4, Table 1)",
         (
-            exp("token-clip-0.2/0.20", clip_high=0.2),
-            exp("token-clip-0.2/0.24", clip_high=0.24),
-            exp("token-clip-0.2/0.28", clip_high=0.28),
-            exp("seq-clip-gspo", **GSPO),
+            R_BF16,
+            exp("K=4, recompute, bf16, clip-high 0.24", clip_high=0.24),
+            exp("K=4, recompute, bf16, clip-high 0.28", clip_high=0.28),
+            R_GSPO,
         ),
     ),
     Study(
@@ -130,45 +145,41 @@ STUDIES = (
         "mismatch grow and the run degrade; unbiased noise N(1, 0.2²) does not "
         "(objective-level-hacking §4.4, §5.1, Fig. 5, App. B.2)",
         (
-            exp("gspo", **GSPO),
-            exp("gspo+δ=1.2", scenario=Scenario("biased", strength=1.2), **GSPO),
-            exp("gspo+δ=2", scenario=Scenario("biased", strength=2.0), **GSPO),
-            exp("gspo+δ=3", scenario=Scenario("biased", strength=3.0), **GSPO),
-            exp("gspo+δ=0", scenario=Scenario("biased", strength=0.0), **GSPO),
-            exp("gspo+noise σ=0.2", scenario=Scenario("unbiased", strength=0.2), **GSPO),
+            R_GSPO,
+            *(
+                exp(f"gspo, bf16, δ={d:g}", scenario=Scenario("biased", strength=d), **GSPO)
+                for d in (1.2, 2.0, 3.0, 0.0)
+            ),
+            exp("gspo, bf16, noise σ=0.2", scenario=Scenario("unbiased", strength=0.2), **GSPO),
         ),
     ),
     Study(
         "remedies",
         "Against a natural bf16 mismatch, TIS and MIS slow the damage and the length-decay LR "
-        "(Algorithm 1) stabilises training (objective-level-hacking Fig. 2; lr-scheduling §3.3)",
+        "(Algorithm 1) stabilises training (objective-level-hacking Fig. 2; lr-scheduling §3.3); "
+        "run at lr 1e-3, where runs in this regime collapse",
         (
-            exp("exact (fp32)", dtype="float32", scenario=EXACT),
-            exp("bf16"),
-            exp("bf16+tis", remedy="tis"),
-            exp("bf16+mis", remedy="mis"),
-            exp("bf16+lr-decay", remedy="lr-decay"),
+            exp("lr 1e-3, exact", dtype="float32", scenario=EXACT, lr=EDGE_LR),
+            exp("lr 1e-3, bf16", lr=EDGE_LR),
+            exp("lr 1e-3, bf16, tis", remedy="tis", lr=EDGE_LR),
+            exp("lr 1e-3, bf16, mis", remedy="mis", lr=EDGE_LR),
+            exp("lr 1e-3, bf16, lr-decay", remedy="lr-decay", lr=EDGE_LR),
         ),
     ),
     Study(
         "old-policy",
         "Putting the engine's log-probs into the ratio (verl bypass, decoupled PPO) lets the "
         "mismatch into the objective; recomputing the old policy keeps it out",
-        (
-            exp("recompute, exact (fp32)", dtype="float32", scenario=EXACT),
-            exp("recompute, bf16"),
-            exp("engine, exact (fp32)", dtype="float32", scenario=EXACT, old_logprobs="engine"),
-            exp("engine, bf16", old_logprobs="engine"),
-        ),
+        (E_EXACT, R_BF16, E_BF16),
     ),
     Study(
         "long",
         "Long answers make the mismatch matter more (per-sequence error grows with T; "
         "lr-scheduling Thm 3.1: the gradient bias grows as T²)",
         (
-            exp("long, exact (fp32)", dtype="float32", scenario=EXACT, steps=LONG_STEPS, **LONG),
-            exp("long, bf16", steps=LONG_STEPS, **LONG),
-            exp("long, engine, bf16", steps=LONG_STEPS, old_logprobs="engine", **LONG),
+            LONG_EXACT,
+            LONG_BF16,
+            exp("K=4, recompute, long, bf16", steps=LONG_STEPS, **LONG),
         ),
     ),
     Study(
@@ -176,19 +187,21 @@ STUDIES = (
         "Positive control: some realistic setting makes the *mismatch* collapse a run whose "
         "zero-mismatch (`exact`) control, same seed and settings, does not collapse",
         (
-            *pair("K=4, engine", **ENGINE),
+            E_BF16,
+            E_EXACT,
             *pair("K=8, engine", updates_per_step=8, **ENGINE),
             *pair("K=4, engine, lr 1e-3", lr=1e-3, seeds=SEEDS, **ENGINE),
             *pair("K=4, engine, lr 5e-4", lr=5e-4, seeds=SEEDS, **ENGINE),
             *pair("K=4, engine, lr 7e-4", lr=7e-4, seeds=SEEDS, **ENGINE),
             *pair("K=4, engine, gspo", **ENGINE, **GSPO),
-            *pair("K=4, engine, long", steps=LONG_STEPS, **ENGINE, **LONG),
+            LONG_BF16,
+            LONG_EXACT,
             *pair("K=8, engine, long", steps=LONG_STEPS, updates_per_step=8, **ENGINE, **LONG),
             *(
                 exp(
                     f"K=4, engine, biased engine δ={d:g}",
                     scenario=Scenario("engine-bias", strength=d),
-                    steps=SEARCH_STEPS,
+                    steps=STEPS,
                     seeds=(0,),
                     **ENGINE,
                 )
@@ -199,7 +212,7 @@ STUDIES = (
                     f"K=4, engine, fp32 + injected {s:g}",
                     dtype="float32",
                     scenario=Scenario("inject", strength=s),
-                    steps=SEARCH_STEPS,
+                    steps=STEPS,
                     seeds=(0,),
                     **ENGINE,
                 )
@@ -209,11 +222,23 @@ STUDIES = (
                 "K=4, engine, lr 5e-4, fp32 + injected 0.1",
                 dtype="float32",
                 scenario=Scenario("inject", strength=0.1),
-                steps=SEARCH_STEPS,
+                steps=STEPS,
                 seeds=SEEDS,
                 lr=5e-4,
                 **ENGINE,
             ),
+        ),
+        plotted=tuple(
+            f"K=4, engine, lr {lr}, {side}" for lr in ("5e-4", "1e-3") for side in ("bf16", "exact")
+        ),
+        columns=(
+            "reward early",
+            "reward late",
+            "std ρ early",
+            "std ρ late",
+            "entropy late",
+            "length late",
+            "grad norm late",
         ),
     ),
 )
@@ -225,11 +250,14 @@ def run_dir(runs_dir: Path, experiment: Experiment, seed: int) -> Path:
     return runs_dir / f"{slug}-s{seed}"
 
 
-def run(experiment: Experiment, seed: int, runs_dir: Path) -> Rows:
-    """The run's rows, from ``runs_dir`` if it finished there before."""
+def run(experiment: Experiment, seed: int, runs_dir: Path, *, start: bool = True) -> Rows:
+    """The run's rows, from ``runs_dir`` if it finished there before; a run not there yet is
+    started, or with ``start=False`` left out (no rows)."""
     out = run_dir(runs_dir, experiment, seed)
     path = out / "rl.jsonl"
     if not (path.is_file() and len(path.read_text().splitlines()) == experiment.steps):
+        if not start:
+            return []
         engine, backend = build_stack(replace(StackSpec(), engine_dtype=experiment.engine_dtype))
         try:
             run_smoke(engine, backend, experiment.config(seed), out)
@@ -251,10 +279,10 @@ def edge_median(rows: Rows, key: str, late: bool) -> float:
 
 
 def around(rows: Rows, key: str, step: int, half: int = 10) -> float:
-    """Median of ``key`` over the steps ``step ± half`` (Table 1 reports single steps; ours
-    are noisier, 64 responses per step)."""
-    near = [r for r in rows if abs(int(r["step"]) - step) <= half]
-    return statistics.median(value(r, key) for r in near) if near else math.nan
+    """Mean of ``key`` over the steps ``step ± half`` (Table 1 reports single steps of a
+    2048-response batch; ours have 32 responses, so one step is mostly 0 or a few tokens)."""
+    near = [value(r, key) for r in rows if abs(int(r["step"]) - step) <= half]
+    return statistics.mean(near) if near else math.nan
 
 
 def growth(rows: Rows) -> float:
@@ -309,11 +337,15 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def study_table(study: Study, runs: dict[str, list[Rows]]) -> str:
-    header = ["experiment", "seeds", "steps", *FIGURES, "alarm", "collapse", "s/step"]
+    figures = {k: f for k, f in FIGURES.items() if not study.columns or k in study.columns}
+    header = ["experiment", "seeds", "steps", *figures, "alarm", "collapse", "s/step"]
     rows = []
     for e in study.experiments:
         seeds = runs[e.name]
-        cells = [spread([figure(r) for r in seeds]) for figure in FIGURES.values()]
+        if not seeds:
+            rows.append([e.name, "0", str(e.steps), *["not run"] * (len(header) - 3)])
+            continue
+        cells = [spread([figure(r) for r in seeds]) for figure in figures.values()]
         seconds = statistics.mean(statistics.mean(x["seconds"] for x in r) for r in seeds)
         rows.append(
             [
@@ -351,7 +383,7 @@ def block(study: Study, runs: dict[str, list[Rows]]) -> str:
         study_table(study, runs),
     ]
     if study.key == "clip":
-        parts += ["", "Clip fractions (Table 1's layout; median of steps ±10):", ""]
+        parts += ["", "Clip fractions (Table 1's layout; mean of steps ±10):", ""]
         parts.append(clip_table(study, runs))
     parts += ["", f"![{study.key}](figures/rl-{study.key}.png)"]
     return "\n".join(parts)
@@ -374,7 +406,9 @@ CURVES = (
     ("reward", "reward", False),
     ("rho_std", "std ρ (mismatch)", True),
     ("entropy", "entropy", True),
-    ("clip_fraction", "clip fraction", True),
+    ("clip_fraction", "clip fraction (tokens)", True),
+    ("grad_norm", "grad norm (before clip)", True),
+    ("response_length", "response length", False),
 )
 
 
@@ -386,9 +420,12 @@ def plot(study: Study, runs: dict[str, list[Rows]], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
-    fig, axes = plt.subplots(1, len(CURVES), figsize=(13, 2.9))
+    fig, grid = plt.subplots(2, len(CURVES) // 2, figsize=(12, 5.4))
+    axes = list(grid.flat)
     for e in study.experiments:
         seeds = runs[e.name]
+        if not seeds or (study.plotted and e.name not in study.plotted):
+            continue
         for ax, (key, title, log) in zip(axes, CURVES, strict=True):
             per_seed = [smooth([value(r, key) for r in rows]) for rows in seeds]
             n = min(map(len, per_seed))
@@ -402,10 +439,17 @@ def plot(study: Study, runs: dict[str, list[Rows]], out: Path) -> None:
                 ax.set_yscale("symlog", linthresh=1e-4)
             ax.tick_params(labelsize=7)
             ax.set_xlabel("step", fontsize=8)
-    axes[0].legend(fontsize=6)
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / f"rl-{study.key}.png", dpi=60)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=65)
     plt.close(fig)
+    # a 256-colour palette keeps each committed PNG near 50 kB instead of 150 kB
+    from PIL import Image
+
+    buffer.seek(0)
+    image = Image.open(buffer).convert("RGB").quantize(256)
+    image.save(out / f"rl-{study.key}.png", optimize=True)
 
 
 def smooth(values: Sequence[float], k: int = 15) -> list[float]:
@@ -419,6 +463,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", default=None, help="study keys to run")
     parser.add_argument("--doc", type=Path, default=None, help="markdown doc with the blocks")
     parser.add_argument("--plots", type=Path, default=None, help="folder for PNG plots")
+    parser.add_argument(
+        "--no-run", action="store_true", help="draw from the finished runs only, start none"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     chosen = [s for s in STUDIES if args.only is None or s.key in args.only]
@@ -428,7 +475,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     blocks = {}
     for study in chosen:
         runs = {
-            e.name: [run(e, s, args.runs_dir) for s in e.seeds or args.seeds]
+            e.name: [
+                rows
+                for s in e.seeds or args.seeds
+                if (rows := run(e, s, args.runs_dir, start=not args.no_run))
+            ]
             for e in study.experiments
         }
         blocks[study.key] = block(study, runs)

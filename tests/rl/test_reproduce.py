@@ -6,13 +6,16 @@ import pytest
 
 from conformance.rl.calibrate import REGIMES, cases
 from conformance.rl.loop import RunConfig
-from conformance.rl.reproduce import STUDIES, run_dir, spread, write_blocks
+from conformance.rl.reproduce import FIGURES, STUDIES, run_dir, spread, write_blocks
 
 
 def test_every_experiment_is_a_valid_run_with_its_own_folder(tmp_path):
-    folders = set()
+    folders, by_name = set(), {}
     for study in STUDIES:
+        assert set(study.plotted) <= {e.name for e in study.experiments}
+        assert set(study.columns) <= set(FIGURES)
         for e in study.experiments:
+            assert by_name.setdefault(e.name, e) == e  # a shared row is one configuration
             config = e.config(0)  # raises UsageError on a bad grid, before hours of runs
             assert config.steps == e.steps
             folders.add(run_dir(tmp_path, e, 0))

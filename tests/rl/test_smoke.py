@@ -167,9 +167,11 @@ def test_certify_rl_smoke_takes_the_training_options(tmp_path, cli_env):
 
     out = tmp_path / "report"
     args = ["--rl-smoke", *SEEDS_REGIME, "--clip-high", "0.28", "--suite", "rl_smoke"]
+    # one thread: two torch threads spin-wait on a loaded 2-core box (this test: 217 s vs 44 s)
+    env = {**cli_env, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "conformance", "certify", *args, "--out", str(out)],
-        capture_output=True, text=True, env=cli_env, cwd=tmp_path, timeout=600,
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rl = json.loads((out / "report.json").read_text())["rl"]
@@ -182,3 +184,15 @@ def test_certify_rl_smoke_takes_the_training_options(tmp_path, cli_env):
         capture_output=True, text=True, env=cli_env, cwd=tmp_path, timeout=600,
     )  # fmt: skip
     assert refused.returncode == 2 and "--rl-smoke" in refused.stderr
+
+
+def test_under_exact_the_two_old_policies_are_the_same_run(tmp_path):
+    """ρ ≡ 1 means the engine's log-probs *are* the recompute, so one exact control serves both
+    (docs/reproduction.md shares it)."""
+    rows = []
+    for old in ("recompute", "engine"):
+        _, _, got = _cli_run(tmp_path / old, "--updates-per-step", "4", "--old-logprobs", old,
+                             "--scenario", "exact", "--steps", "6")  # fmt: skip
+        rows.append([{k: v for k, v in r.items() if k != "seconds"} for r in got])
+    assert rows[0] == rows[1]
+    assert any(r["clip_fraction"] > 0 for r in rows[0])  # off-policy updates did happen
