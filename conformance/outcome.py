@@ -39,6 +39,8 @@ class Outcome:
     message: str
     #: the failure whose case the report records (the first violation), if any
     primary: BaseException | None = None
+    #: the stack crashed or hung: its traceback is the harness's, not the user's to read
+    crashed: bool = False
 
 
 def origin(exc: BaseException) -> tuple[str, str, int]:
@@ -92,4 +94,4 @@ def classify(exc: BaseException) -> Outcome:
             inner,
         )
     inner = found[0]
-    return Outcome("error", f"{type(inner).__name__}: {first_line(inner)}")
+    return Outcome("error", f"{type(inner).__name__}: {first_line(inner)}", crashed=crashed)

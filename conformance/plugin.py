@@ -317,9 +317,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     if _RECORD_KEY not in item.stash:
         return
-    judged = _judge(outcome.get_result(), call)
+    report = outcome.get_result()
+    judged = _judge(report, call)
     if judged is None:
         return
+    if judged[0].crashed:
+        report.longrepr = judged[0].message
     previous = item.stash.get(_OUTCOME_KEY, None)
     # the first non-pass phase decides; a pass in "call" is final unless teardown errs
     if previous is None or (previous[0].status == "pass" and judged[0].status != "pass"):

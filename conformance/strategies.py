@@ -77,11 +77,13 @@ def _check_range(name: str, low: int, high: int, floor: int) -> None:
 
 
 def log_sizes(low: int, high: int) -> SearchStrategy[int]:
-    """Return a strategy for integers in ``[low, high]``, log-uniformly distributed.
+    """Return a strategy for integers in ``[low, high]``, spread log-uniformly.
 
-    An octave ``[low·2^k, low·2^(k+1))`` is drawn uniformly, then a value in it, so each octave
-    is equally likely: with 1–2048 new tokens, a run of 20 examples reaches the top octave about
-    twice, and most examples stay cheap. Shrinks towards ``low``.
+    A ceiling ``low·2^(k+1) − 1`` is drawn uniformly over the octaves k, then a value uniformly
+    in ``[low, ceiling]``, so each octave is reached about as often as the one above it: with
+    1–2048 new tokens, a run of 20 examples reaches the top octave about once, and most
+    examples stay cheap. The value is drawn from ``low`` up (not from the octave's start), so
+    shrinking can lower it to the smallest failing size without first changing the octave.
 
     >>> log_sizes(1, 128).example()  # doctest: +SKIP
     37
@@ -92,8 +94,7 @@ def log_sizes(low: int, high: int) -> SearchStrategy[int]:
     @st.composite
     def build(draw: st.DrawFn) -> int:
         octave = draw(st.integers(0, octaves - 1))
-        start = low << octave
-        return draw(st.integers(start, min(high, 2 * start - 1)))
+        return draw(st.integers(low, min(high, (low << (octave + 1)) - 1)))
 
     return build()
 

@@ -1,9 +1,10 @@
 """Recalibrate the shipped ``fp32``, ``bf16`` and ``fp16`` profiles by measurement.
 
 ``python -m conformance.profiles.calibrate`` runs the reference stack — ``hf-generate`` (KV-cache
-decode, left padding) in each precision against the ``hf`` backend's full forward in fp32 — on
+decode, left padding) in each precision against the ``hf`` backend's full forward in fp32, and in
+bf16/fp16 also against the backend in the same low precision (a profile covers both stacks) — on
 three embedded-recipe models (qwen2 seeds 0 and 1, llama seed 2), over rollout batches that span
-both search depths, from 8 prompts × 32 new tokens to 64 prompts × 2,048 new tokens. Each
+both search depths, from 8 prompts × 32 new tokens to 16 prompts × 2,048 new tokens. Each
 threshold is the measured extreme times a safety factor (10 in fp32, where only kernel and
 reduction order differ; 3 in bf16/fp16, whose rounding dominates), squared for the quadratic
 metrics (k2, k3, 1 − pcc), applied to the distance from the metric's ideal; community anchors
@@ -24,10 +25,14 @@ from pathlib import Path
 
 from conformance.metric_table import BY_NAME, METRICS, Metric
 
-#: (profile, engine precision, safety factor)
-PRECISIONS = (("fp32", "float32", 10.0), ("bf16", "bfloat16", 3.0), ("fp16", "float16", 3.0))
+#: (profile, engine precision, backend precisions, safety factor)
+PRECISIONS = (
+    ("fp32", "float32", ("float32",), 10.0),
+    ("bf16", "bfloat16", ("float32", "bfloat16"), 3.0),
+    ("fp16", "float16", ("float32", "float16"), 3.0),
+)
 #: (prompts, prompt length, new tokens): the depths' small, middle and large ends
-BATCHES = ((8, 64, 32), (32, 512, 128), (64, 256, 512), (64, 1024, 2048))
+BATCHES = ((8, 64, 32), (32, 512, 128), (64, 256, 512), (16, 1024, 2048))
 MODELS = (("qwen2", 0), ("qwen2", 1), ("llama", 2))
 SAMPLING_SEEDS = (0, 1)
 #: metrics whose scale is the square of a log-ratio: the factor is squared too
@@ -60,8 +65,10 @@ class Measured:
         return statistics.median(self.values)
 
 
-def measure(precision: str, batches: tuple[tuple[int, int, int], ...]) -> dict[str, Measured]:
-    """Run the reference stack in ``precision``; every metric's values."""
+def measure(
+    precision: str, backend_precision: str, batches: tuple[tuple[int, int, int], ...]
+) -> dict[str, list[float]]:
+    """Run the reference stack, engine in ``precision``; every metric's values."""
     import torch
 
     from conformance.backends import BackendConfig
@@ -76,7 +83,7 @@ def measure(precision: str, batches: tuple[tuple[int, int, int], ...]) -> dict[s
     for arch, seed in MODELS:
         model = cached_model(**{**DEFAULT_MODEL, "arch": arch, "seed": seed})
         engine = HFGenerateEngine(EngineConfig(model=model, dtype=precision))
-        backend = HFBackend(BackendConfig(model=model))
+        backend = HFBackend(BackendConfig(model=model, dtype=backend_precision))
         pool_train: list[list[float]] = []
         pool_infer: list[list[float]] = []
         for (prompts, length, new), sampling_seed in (
@@ -95,13 +102,17 @@ def measure(precision: str, batches: tuple[tuple[int, int, int], ...]) -> dict[s
                     found[name].append(value)
             pool_train += lp_train
             pool_infer += lp_infer
-            print(f"  {precision} {arch}-s{seed} batch {prompts}x{length}+{new}", flush=True)
+            print(
+                f"  {precision} vs {backend_precision} {arch}-s{seed} "
+                f"batch {prompts}x{length}+{new}",
+                flush=True,
+            )
         train, mask = stack_ragged(pool_train)
         infer, _ = stack_ragged(pool_infer)
         for name, value in mismatch_metrics(train, infer, mask).items():
             if BY_NAME[name].scope == "pooled":
                 found[name].append(value)
-    return {name: Measured(values) for name, values in found.items() if values}
+    return found
 
 
 def threshold(profile: str, fact: Metric, measured: Measured, factor: float) -> tuple[float, str]:
@@ -138,8 +149,8 @@ def write_profile(
         f"# {profile}: {DESCRIPTIONS[profile]}",
         "# Calibrated by `python -m conformance.profiles.calibrate` (see its docstring): "
         "hf-generate (KV-cache decode,",
-        "# left padding) vs the hf backend's full forward in fp32 on 3 models (qwen2 seeds 0 "
-        "and 1, llama seed 2;",
+        f"# left padding) vs the hf backend's full forward in {_backends(profile)} on 3 models "
+        "(qwen2 seeds 0 and 1, llama seed 2;",
         f"# 2 layers, hidden 64, vocab 384), batches {_batches(batches)} x {len(SAMPLING_SEEDS)} "
         f"sampling seeds, measured {when}.",
         f"# Threshold = worst measured distance from the ideal x {factor:g} ({factor:g}^2 for "
@@ -155,6 +166,11 @@ def write_profile(
         value, note = threshold(profile, fact, measured[fact.name], factor)
         lines.append(f"{fact.name} = {value!r}  # {note}")
     path.write_text("\n".join(lines) + "\n")
+
+
+def _backends(profile: str) -> str:
+    dtypes = next(backends for name, _, backends, _ in PRECISIONS if name == profile)
+    return " and ".join(dtypes)
 
 
 def _batches(batches: tuple[tuple[int, int, int], ...]) -> str:
@@ -186,8 +202,12 @@ def main() -> None:
     args = parser.parse_args()
     batches = BATCHES[:2] if args.quick else BATCHES
     when = dt.date.today().isoformat()
-    for profile, precision, factor in PRECISIONS:
-        measured = measure(precision, batches)
+    for profile, precision, backend_precisions, factor in PRECISIONS:
+        found: dict[str, list[float]] = {}
+        for backend_precision in backend_precisions:
+            for name, values in measure(precision, backend_precision, batches).items():
+                found.setdefault(name, []).extend(values)
+        measured = {name: Measured(values) for name, values in found.items() if values}
         write_profile(args.out / f"{profile}.toml", profile, measured, factor, when, batches)
         print(f"wrote {args.out / f'{profile}.toml'}", flush=True)
 

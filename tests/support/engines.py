@@ -189,10 +189,12 @@ class OneAtATime(HFGenerateEngine):
     name = "one-at-a-time"
 
     def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
-        return [c for p in prompts for c in super().generate([p], spec, **kw)]
+        parent = super()  # zero-argument super() does not work inside a comprehension
+        return [c for p in prompts for c in parent.generate([p], spec, **kw)]
 
     def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
-        return [row for s in sequences for row in super().score([s])]
+        parent = super()
+        return [row for s in sequences for row in parent.score([s])]
 
 
 # -- a stack that cannot finish -----------------------------------------------------------
