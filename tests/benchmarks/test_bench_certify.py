@@ -1,5 +1,7 @@
-"""Benchmark: default ``certify`` wall time and the harness's overhead over the engine and
-backend compute it triggers (goals: < 60 s on 2 cores, ≤ 5 % overhead; recorded, not asserted)."""
+"""Benchmark: ``certify`` wall time on the default stack and the harness's overhead over the
+engine and backend work it triggers, as the report's own timing books it (issue goals: under
+60 s on 2 cores at the default 20 examples; overhead ≤ 10 % at 100 examples; recorded in
+``extra_info``, never asserted)."""
 
 from __future__ import annotations
 
@@ -7,18 +9,22 @@ import json
 import subprocess
 import sys
 
+import pytest
 
-def test_default_certify_wall_time(benchmark, tmp_path, cli_env):
+
+@pytest.mark.parametrize("examples", [20, 100])
+def test_default_certify_wall_time(benchmark, tmp_path, cli_env, examples):
     out = tmp_path / "run"
 
     def certify() -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "conformance", "certify", "--out", str(out)],
-            capture_output=True, text=True, env=cli_env, timeout=1800,
+            [sys.executable, "-m", "conformance", "certify", "--out", str(out),
+             "--examples", str(examples)],
+            capture_output=True, text=True, env=cli_env, timeout=3600,
         )  # fmt: skip
 
     result = benchmark.pedantic(certify, rounds=1, iterations=1)
     assert result.returncode == 0, result.stdout[-2000:]
     timing = json.loads((out / "report.json").read_text())["timing"]
     benchmark.extra_info.update(timing)
-    print(f"\ncertify timing: {timing}")
+    print(f"\ncertify --examples {examples} timing: {timing}")
