@@ -110,7 +110,7 @@ def test_the_recorded_case_replays_the_failure(tmp_path, cli_env):
     )  # fmt: skip
     assert code == 1
     (check,) = failed_checks(report)
-    # the case on record is Hypothesis's final, shrunk example: just past the drift's start
+    # the case on record is Hypothesis's final, shrunk example: past the drift's start
     assert check["worst_case"]["sampling"]["max_new_tokens"] > 97
     replay = shlex.split(check["worst_case"]["replay"])
     assert replay[0] == "pytest"
@@ -123,7 +123,10 @@ def test_the_recorded_case_replays_the_failure(tmp_path, cli_env):
         timeout=1800,
     )
     assert rerun.returncode == 1, rerun.stdout[-3000:]
-    assert check["message"].split(" (profile")[0] in rerun.stdout
+    # the same property fails on the same metric; the values may differ where the first run's
+    # shrinking was cut short and the replay shrinks further from the stored example
+    headline = check["message"].split(" = ")[0]
+    assert headline in rerun.stdout, (headline, rerun.stdout[-3000:])
 
 
 @pytest.mark.slow
