@@ -77,7 +77,8 @@ def classify(exc: BaseException) -> Outcome:
     if violations:
         primary = violations[0]
         message = first_line(primary)
-        if flaky:
+        # a replay that crashed says nothing about determinism
+        if flaky and not crashed:
             message = f"non-deterministic: {message} — and not when the same case ran again"
         others = [e for e in found if e is not primary]
         if others:

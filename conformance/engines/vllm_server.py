@@ -28,6 +28,10 @@ def _token_id(token: str) -> int:
     return int(token.rpartition(":")[2])
 
 
+#: prefill token budget of a started CPU server unless the user sets ``max_num_batched_tokens``
+SERVER_PREFILL_BUDGET = 4096
+
+
 class VLLMServerEngine(ServerEngine):
     name = "vllm-server"
     KNOBS = common.KNOBS
@@ -43,8 +47,14 @@ class VLLMServerEngine(ServerEngine):
         return common.parse_options(cls.name, options, extra={"url": str})
 
     def start_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        import torch
+
         if common.vllm_version() is None:
             raise EngineUnavailable("vllm is not installed", common.INSTALL_HINT)
+        if not torch.cuda.is_available() and options.get("enable_chunked_prefill", True):
+            # seeded batches must be cut to the prefill budget (``_seeded_chunk``), and the HTTP
+            # API does not say which budget vLLM chose: a server we start gets one we know
+            options.setdefault("max_num_batched_tokens", SERVER_PREFILL_BUDGET)
         return options
 
     def command(self, port: int) -> list[str]:
