@@ -19,8 +19,17 @@ from conformance.stack import StackSpec
 DEFAULT_SET = ("natural", "exact", "inject", "lr-jump")
 
 
-def _timed_run(benchmark, spec: StackSpec, config: RunConfig, out) -> None:
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """One torch thread per run (two spin-wait against each other on a loaded 2-core machine),
+    restored afterwards so later tests get the process's own setting."""
+    before = torch.get_num_threads()
     torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _timed_run(benchmark, spec: StackSpec, config: RunConfig, out) -> None:
 
     def one_run():
         engine, backend = build_stack(spec)

@@ -30,10 +30,19 @@ ALARM_DELAY_MAX = 4
 COLLAPSE_DELAY_MAX = 6
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """One torch thread per run (two spin-wait against each other on a loaded 2-core machine),
+    restored afterwards so later tests get the process's own setting."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def smoke(
     tmp_path: Path, scenario: Scenario, seed: int, steps: int, engine_dtype: str = "float32"
 ) -> tuple[RLSummary, list[dict]]:
-    torch.set_num_threads(1)
     engine, backend = build_stack(replace(StackSpec(), engine_dtype=engine_dtype))
     try:
         profile = load_profile(implied_profile(engine_dtype, "float32"))
@@ -129,7 +138,6 @@ SEEDS_REGIME = ["--updates-per-step", "4", "--old-logprobs", "engine", "--engine
 def _cli_run(tmp_path: Path, *args: str) -> tuple[int, dict, list[dict]]:
     from conformance.cli import main
 
-    torch.set_num_threads(1)
     code = main(["rl-smoke", *args, "--out", str(tmp_path)])
     summary = json.loads((tmp_path / "rl-summary.json").read_text())
     rows = [json.loads(line) for line in (tmp_path / "rl.jsonl").read_text().splitlines()]
