@@ -24,3 +24,15 @@ def cli_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env.setdefault("HF_HUB_OFFLINE", "1")
     return env
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test (two spin-wait against each other on a loaded 2-core
+    machine), restored afterwards so later tests get the process's own setting."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

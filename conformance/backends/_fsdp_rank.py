@@ -163,19 +163,10 @@ class _Rank:
         import torch
         from torch.distributed.tensor import DTensor
 
-        from conformance.rl.objective import (
-            ADAM_BETAS,
-            ADAM_EPS,
-            COUNTS,
-            policy_loss,
-            response_logprobs,
-        )
+        from conformance.rl.objective import COUNTS, adam_at, policy_loss, response_logprobs
 
         params = list(self.model.parameters())
-        if self.optimizer is None:
-            self.optimizer = torch.optim.Adam(params, lr=step.lr, betas=ADAM_BETAS, eps=ADAM_EPS)
-        for group in self.optimizer.param_groups:
-            group["lr"] = step.lr
+        self.optimizer = adam_at(self.optimizer, params, step.lr)
         self.optimizer.zero_grad()
         figures = dict.fromkeys(("loss", *COUNTS), 0.0)
         raw = (1.0, 0, 1.0)

@@ -37,18 +37,10 @@ class HFBackend(Backend):
     def update(self, batch: PolicyBatch) -> dict[str, float]:
         import torch
 
-        from conformance.rl.objective import (
-            ADAM_BETAS,
-            ADAM_EPS,
-            policy_loss,
-            response_logprobs,
-        )
+        from conformance.rl.objective import adam_at, policy_loss, response_logprobs
 
         params = list(self._model.parameters())
-        if self._optimizer is None:
-            self._optimizer = torch.optim.Adam(params, lr=batch.lr, betas=ADAM_BETAS, eps=ADAM_EPS)
-        for group in self._optimizer.param_groups:
-            group["lr"] = batch.lr
+        self._optimizer = adam_at(self._optimizer, params, batch.lr)
         out = self.recompute(batch.sequences, grad=True)
         logprobs = response_logprobs(out.logprobs, batch.prompt_lengths).float().cpu()
         loss, counts = policy_loss(logprobs, batch)

@@ -80,6 +80,18 @@ class Objective:
         )
 
 
+def adam_at(
+    optimizer: torch.optim.Optimizer | None, params: Sequence[torch.nn.Parameter], lr: float
+) -> torch.optim.Optimizer:
+    """The trainer's Adam over ``params`` (made on first use: ``ADAM_BETAS``, ``ADAM_EPS``, no
+    weight decay), its learning rate set to this step's ``lr`` (schedules change it per step)."""
+    if optimizer is None:
+        optimizer = torch.optim.Adam(params, lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return optimizer
+
+
 def response_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
     """``[B, width]`` bool: column ``j`` of row ``i`` is a response token iff ``j < lengths[i]``."""
     return torch.arange(width)[None, :] < lengths[:, None]

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-import torch
 
 from conformance.rl.loop import RunConfig, build_stack, run_smoke
 from conformance.rl.scenarios import Scenario
@@ -19,14 +18,8 @@ from conformance.stack import StackSpec
 DEFAULT_SET = ("natural", "exact", "inject", "lr-jump")
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """One torch thread per run (two spin-wait against each other on a loaded 2-core machine),
-    restored afterwards so later tests get the process's own setting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+#: RL runs on one torch thread (see the fixture)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _timed_run(benchmark, spec: StackSpec, config: RunConfig, out) -> None:

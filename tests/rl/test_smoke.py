@@ -12,7 +12,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import torch
 
 from conformance.dtypes import implied_profile
 from conformance.engines.base import Engine, EngineConfig
@@ -30,14 +29,8 @@ ALARM_DELAY_MAX = 4
 COLLAPSE_DELAY_MAX = 6
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """One torch thread per run (two spin-wait against each other on a loaded 2-core machine),
-    restored afterwards so later tests get the process's own setting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+#: RL runs on one torch thread (see the fixture)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def smoke(
