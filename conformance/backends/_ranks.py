@@ -145,22 +145,28 @@ class RankGroup:
             if reply_seq != seq:
                 continue  # the answer to a request abandoned earlier
             if not ok:
-                self._raise_if_dead(what, grace_s=DEATH_GRACE_S)
+                # a killed rank is the cause; ranks exiting after reporting their own failure
+                # (as they do in start) are not
+                self._raise_if_dead(what, grace_s=DEATH_GRACE_S, killed_only=True)
                 self.close()
                 raise RankFailed(f"rank {rank} failed in {what}: {payload}")
             results[rank] = payload
         return [results[rank] for rank in range(self.world_size)]
 
-    def _raise_if_dead(self, what: str, grace_s: float = 0.0) -> None:
-        """Raise :class:`RankDied` if a rank has exited (the launcher then stops the rest)."""
+    def _raise_if_dead(self, what: str, grace_s: float = 0.0, killed_only: bool = False) -> None:
+        """Raise :class:`RankDied` if a rank has exited, or with ``killed_only`` was killed by a
+        signal (the launcher then stops the rest)."""
         result = self._context.wait(timeout=grace_s, period=POLL_S) if grace_s else None
         result = result or self._context.wait(0)
         if result is None:
             return
+        failures = {r: f for r, f in result.failures.items() if f.exitcode < 0 or not killed_only}
+        if killed_only and not failures:
+            return
         self.close()
-        if not result.failures:
+        if not failures:
             raise RankDied(f"every rank exited during {what}")
-        rank, failure = min(result.failures.items())
+        rank, failure = min(failures.items())
         if failure.exitcode < 0:
             how = f"was killed by {failure.signal_name()}"
         else:
