@@ -199,13 +199,18 @@ def batch_shapes(
     max_len: int = 64,
     padding_sides: Sequence[PaddingSide] = ("left", "right"),
     kinds: Sequence[BatchKind] = BATCH_KINDS,
+    max_tokens: int | None = None,
+    new_tokens: int = 0,
 ) -> SearchStrategy[BatchShape]:
     """Return a strategy for batch layouts: size and ragged lengths (log-uniform), padding side,
     and how the prompts relate (``kinds``, see :data:`BatchKind`).
 
     A grouped batch repeats each of its prompts ``group_size`` times, so its size is a multiple
-    of the group; a shared-prefix batch draws one prefix length for all. Shrinks towards one
-    independent sequence of length ``min_len``, padded on the first side given.
+    of the group; a shared-prefix batch draws one prefix length for all. With ``max_tokens``, a
+    batch of n prompts keeps n × (longest prompt + ``new_tokens``) within it: the size is drawn
+    first and caps the lengths, so large batches and long prompts are each reached, but not the
+    corner of both (an engine splits that into steps of its own token budget anyway). Shrinks
+    towards one independent sequence of length ``min_len``, padded on the first side given.
     """
     _check_range("batch_shapes batch", min_batch, max_batch, 1)
     _check_range("batch_shapes length", min_len, max_len, 1)
@@ -213,6 +218,20 @@ def batch_shapes(
         raise UsageError("batch_shapes: padding_sides is empty", "pass ('left',) or ('right',)")
     if not kinds or not set(kinds) <= set(BATCH_KINDS):
         raise UsageError(f"batch_shapes: kinds {kinds!r}", f"pass some of {BATCH_KINDS}")
+    if max_tokens is not None:
+        fits = max_tokens // (min_len + new_tokens)
+        if fits < min_batch:
+            raise UsageError(
+                f"batch_shapes: {min_batch} sequences of {min_len} + {new_tokens} tokens exceed "
+                f"max_tokens {max_tokens}",
+                "raise max_tokens or draw fewer new tokens",
+            )
+        max_batch = min(max_batch, fits)
+
+    def longest(size: int) -> int:
+        if max_tokens is None:
+            return max_len
+        return max(min_len, min(max_len, max_tokens // size - new_tokens))
 
     groups = [g for g in GROUP_SIZES if -(-min_batch // g) * g <= max_batch]
     possible = {
@@ -229,18 +248,20 @@ def batch_shapes(
         if kind == "grouped":
             group = draw(st.sampled_from(groups))
             prompts = draw(log_sizes(max(1, -(-min_batch // group)), max_batch // group))
-            distinct = [draw(log_sizes(min_len, max_len)) for _ in range(prompts)]
+            top = longest(prompts * group)
+            distinct = [draw(log_sizes(min_len, top)) for _ in range(prompts)]
             lengths = tuple(n for n in distinct for _ in range(group))
             return BatchShape(lengths, side, "grouped", group_size=group)
         size = draw(log_sizes(min_batch, max_batch))
-        if kind == "shared-prefix":
-            prefix = draw(log_sizes(1, max_len - 1))
-            suffixes = [draw(log_sizes(max(1, min_len - prefix), max_len - prefix))
+        top = longest(size)
+        if kind == "shared-prefix" and top >= 2:
+            prefix = draw(log_sizes(1, top - 1))
+            suffixes = [draw(log_sizes(max(1, min_len - prefix), top - prefix))
                         for _ in range(size)]  # fmt: skip
             return BatchShape(
                 tuple(prefix + n for n in suffixes), side, "shared-prefix", prefix_len=prefix
             )
-        lengths = tuple(draw(log_sizes(min_len, max_len)) for _ in range(size))
+        lengths = tuple(draw(log_sizes(min_len, top)) for _ in range(size))
         return BatchShape(lengths, side)
 
     return build()

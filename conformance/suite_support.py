@@ -30,10 +30,18 @@ def prompt_batches(
     kinds: Sequence[BatchKind] = BATCH_KINDS,
 ) -> st.SearchStrategy[tuple[BatchShape, list[list[int]]]]:
     """Batches of prompts as large as ``depth`` reaches (``max_batch`` caps the size below it)
-    that fit the model's context together with ``max_new_tokens``."""
+    that fit the model's context, and the depth's token budget, together with
+    ``max_new_tokens``."""
     limit = depth.prompt_limit(model.max_position_embeddings, max_new_tokens)
     batch = depth.max_batch if max_batch is None else min(max_batch, depth.max_batch)
-    shapes = batch_shapes(min_len=min_len, max_len=limit, max_batch=batch, kinds=kinds)
+    shapes = batch_shapes(
+        min_len=min_len,
+        max_len=limit,
+        max_batch=batch,
+        kinds=kinds,
+        max_tokens=depth.max_batch_tokens,
+        new_tokens=max_new_tokens,
+    )
     return token_batches(model.vocab_size, shape=shapes, special_ids=model.special_token_ids)
 
 

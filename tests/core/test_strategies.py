@@ -75,13 +75,37 @@ def test_rl_shaped_batches_repeat_and_share_as_their_kind_says(batch):
 def test_each_depth_reaches_its_largest_sizes(name):
     depth = DEPTHS[name]
     limit = depth.prompt_limit(4096, depth.max_new_tokens)
-    shapes = batch_shapes(max_batch=depth.max_batch, max_len=limit)
+    shapes = batch_shapes(
+        max_batch=depth.max_batch, max_len=limit, max_tokens=depth.max_batch_tokens
+    )
     find(shapes, lambda s: s.batch_size == depth.max_batch)
     find(shapes, lambda s: max(s.lengths) == limit)
     find(sampling_specs(max_new_tokens=log_sizes(1, depth.max_new_tokens)),
          lambda s: s.max_new_tokens == depth.max_new_tokens)  # fmt: skip
     for kind in BATCH_KINDS:
         find(shapes, lambda s, k=kind: s.kind == k and s.batch_size >= 8)
+
+
+@SLOW_DRAWS
+@given(
+    st.integers(0, 64).flatmap(
+        lambda new: st.tuples(
+            st.just(new),
+            batch_shapes(max_batch=64, min_len=2, max_len=500, max_tokens=4096, new_tokens=new),
+        )
+    )
+)
+def test_a_token_budget_bounds_batch_times_longest_sequence(drawn):
+    new_tokens, shape = drawn
+    assert shape.batch_size * (max(shape.lengths) + new_tokens) <= 4096
+
+
+def test_under_a_token_budget_size_and_length_each_reach_their_top():
+    shapes = batch_shapes(max_batch=64, max_len=1000, max_tokens=4096)
+    find(shapes, lambda s: s.batch_size == 64)
+    find(shapes, lambda s: max(s.lengths) == 1000)
+    with pytest.raises(UsageError, match="max_tokens"):
+        batch_shapes(min_batch=4, min_len=100, max_len=200, max_tokens=300)
 
 
 def test_vocabulary_edges_repeats_and_specials_are_reached():
