@@ -203,7 +203,8 @@ class HarnessSession:
             if record.worst
             else (None, None)
         )
-        shrink = record.shrink(self.spec.shrink_seconds)
+        # an example that failed inside a check that passes (a rerun judged it) was not shrunk
+        shrink = record.shrink(self.spec.shrink_seconds) if failure is not None else None
         check = Check(
             suite=record.suite,
             name=record.name,

@@ -199,6 +199,8 @@ def totals(records: list[RunRecord]) -> list[str]:
     quiet_crash = [r for r in records if r.case.collapse_expected is False]
     injected = [r for r in records if r.case.alarm_expected]
     crashed = [r for r in records if r.case.collapse_expected]
+    broken = [r for r in injected if r.alarm and r.collapse]
+    leads = [min(f.step for f in r.collapse) - min(f.step for f in r.alarm) for r in broken]
     return [
         f"- Mismatch alarm on runs that must stay quiet: {sum(bool(r.alarm) for r in quiet_alarm)}"
         f" false alarms in {len(quiet_alarm)} runs.",
@@ -210,6 +212,14 @@ def totals(records: list[RunRecord]) -> list[str]:
         "- Collapse caught: "
         + delays([(first_step(r.collapse), r.drop_step) for r in crashed])
         + " the reward actually dropped.",
+        f"- Runs an injected mismatch collapsed: {len(broken)} of {len(injected)}"
+        + (
+            "; the mismatch alarm fired "
+            + ", ".join(str(lead) for lead in leads)
+            + " steps before the collapse detector."
+            if broken
+            else "."
+        ),
     ]
 
 
