@@ -32,7 +32,9 @@ def prompt_batches(
     """Batches of prompts as large as ``depth`` reaches (``max_batch`` caps the size below it)
     that fit the model's context, and the depth's token budget, together with
     ``max_new_tokens``."""
-    limit = depth.prompt_limit(model.max_position_embeddings, max_new_tokens)
+    # an engine scores a prompt by generating one token after it (vLLM's prompt_logprobs),
+    # so even a scored sequence needs a free position in the context
+    limit = depth.prompt_limit(model.max_position_embeddings, max(max_new_tokens, 1))
     batch = depth.max_batch if max_batch is None else min(max_batch, depth.max_batch)
     shapes = batch_shapes(
         min_len=min_len,

@@ -147,3 +147,16 @@ def test_bad_arguments_are_named_when_the_strategy_is_built(build, named):
 def test_bad_lengths_are_named_when_drawn():
     with pytest.raises(UsageError, match="token_sequences length"):
         find(token_sequences(VOCAB, min_len=5, max_len=st.just(2)), lambda s: True)
+
+
+@SLOW_DRAWS
+@given(st.data())
+def test_scored_prompts_leave_the_position_an_engine_generates_into(data):
+    # vLLM scores a prompt through one generated token: a prompt of the full context fails there
+    from types import SimpleNamespace
+
+    from conformance.suite_support import prompt_batches
+
+    model = SimpleNamespace(max_position_embeddings=16, vocab_size=VOCAB, special_token_ids=[0])
+    _, prompts = data.draw(prompt_batches(model, DEPTHS["deep"], min_len=2))
+    assert max(len(p) for p in prompts) <= 15
