@@ -6,6 +6,7 @@ prompts of the lowest token id, one sequence, temperature 1). Sizes are log-unif
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Sequence
@@ -80,6 +81,9 @@ def _check_range(name: str, low: int, high: int, floor: int) -> None:
 TOP_ODDS = 8
 
 
+# drawn inside other strategies' draws, once per sequence: a composite built anew each time
+# costs Hypothesis a read of its source
+@functools.lru_cache(maxsize=4096)
 def log_sizes(low: int, high: int) -> SearchStrategy[int]:
     """Return a strategy for integers in ``[low, high]``, spread log-uniformly, with the top.
 
@@ -176,7 +180,7 @@ def _draw_ids(
     draw: st.DrawFn, length: int, vocab_size: int, min_id: int, special_ids: Sequence[int]
 ) -> list[int]:
     """``length`` ids as :func:`token_sequences` describes."""
-    seed = draw(st.integers(0, 2**32 - 1))
+    seed = draw(_ID_SEEDS)
     if seed:
         rng = random.Random(seed)
         tokens = rng.choices(range(min_id, vocab_size), k=length)
@@ -184,11 +188,20 @@ def _draw_ids(
         tokens = [min_id] * length
     run = draw(_RUN_LENGTHS)
     tokens = [tokens[i - i % run] for i in range(length)]
-    markers = sorted({min_id, vocab_size - 1, max(min_id, vocab_size - 2), *special_ids})
-    overrides = st.tuples(st.integers(0, length - 1), st.sampled_from(markers))
-    for position, token in draw(st.lists(overrides, max_size=4)):
+    markers = tuple(sorted({min_id, vocab_size - 1, max(min_id, vocab_size - 2), *special_ids}))
+    for position, token in draw(_overrides(length, markers)):
         tokens[position] = token
     return tokens
+
+
+_ID_SEEDS = st.integers(0, 2**32 - 1)
+
+
+@functools.lru_cache(maxsize=4096)
+def _overrides(length: int, markers: tuple[int, ...]) -> SearchStrategy[list[tuple[int, int]]]:
+    """Up to four (position, marker id) pairs for a sequence of ``length`` (built once per
+    length: sequences draw it one by one)."""
+    return st.lists(st.tuples(st.integers(0, length - 1), st.sampled_from(markers)), max_size=4)
 
 
 def batch_shapes(

@@ -3,6 +3,7 @@ depth, aligning rollout positions, and describing a case so a failure can be rep
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,19 +33,44 @@ def prompt_batches(
     """Batches of prompts as large as ``depth`` reaches (``max_batch`` caps the size below it)
     that fit the model's context, and the depth's token budget, together with
     ``max_new_tokens``."""
+    return _prompt_batches(
+        model.vocab_size,
+        model.max_position_embeddings,
+        tuple(model.special_token_ids),
+        depth,
+        max_new_tokens,
+        min_len,
+        depth.max_batch if max_batch is None else min(max_batch, depth.max_batch),
+        tuple(kinds),
+    )
+
+
+# suites build their batch strategy inside each example (its size depends on a drawn rollout
+# length); building a composite strategy reads its source (Hypothesis inspects it), which
+# cost more than the draw itself
+@functools.lru_cache(maxsize=1024)
+def _prompt_batches(
+    vocab_size: int,
+    context: int,
+    special_ids: tuple[int, ...],
+    depth: Depth,
+    max_new_tokens: int,
+    min_len: int,
+    max_batch: int,
+    kinds: tuple[BatchKind, ...],
+) -> st.SearchStrategy[tuple[BatchShape, list[list[int]]]]:
     # an engine scores a prompt by generating one token after it (vLLM's prompt_logprobs),
     # so even a scored sequence needs a free position in the context
-    limit = depth.prompt_limit(model.max_position_embeddings, max(max_new_tokens, 1))
-    batch = depth.max_batch if max_batch is None else min(max_batch, depth.max_batch)
+    limit = depth.prompt_limit(context, max(max_new_tokens, 1))
     shapes = batch_shapes(
         min_len=min_len,
         max_len=limit,
-        max_batch=batch,
+        max_batch=max_batch,
         kinds=kinds,
         max_tokens=depth.max_batch_tokens,
         new_tokens=max_new_tokens,
     )
-    return token_batches(model.vocab_size, shape=shapes, special_ids=model.special_token_ids)
+    return token_batches(vocab_size, shape=shapes, special_ids=special_ids)
 
 
 def new_tokens(depth: Depth) -> st.SearchStrategy[int]:
