@@ -92,8 +92,9 @@ def log_sizes(low: int, high: int) -> SearchStrategy[int]:
     ceiling ``low·2^(k+1) − 1`` is drawn uniformly over the octaves k and then a value uniformly
     in ``[low, ceiling]``, so each octave is reached about as often as the one above it and most
     examples stay cheap. The value is drawn from ``low`` up (not from the octave's start), so
-    shrinking lowers it to the smallest failing size without first changing the octave; a
-    failure that needs the top size shrinks everything else and may keep ``high``.
+    shrinking lowers it to the smallest failing size without first changing the octave. A
+    failure first found at the top size may keep ``high``: leaving the top branch lands on the
+    size the other two choices hold, and shrinking takes that step only when it still fails.
 
     >>> log_sizes(1, 128).example()  # doctest: +SKIP
     37

@@ -51,8 +51,11 @@ def test_log_sizes_stay_in_bounds(size):
 def test_log_sizes_reach_every_octave_and_shrink_to_the_low_end():
     for octave in range(1, 12):
         find(log_sizes(1, 2048), lambda n, o=octave: n.bit_length() == o)
-    assert find(log_sizes(5, 300), lambda n: n > 100) == 101
     assert find(log_sizes(5, 300), lambda n: True) == 5
+    # a failure first drawn at the top may keep it (see log_sizes); from anywhere else it
+    # shrinks to the smallest failing size
+    assert find(log_sizes(5, 300), lambda n: n > 100) in (101, 300)
+    assert find(log_sizes(5, 300), lambda n: 100 < n < 300) == 101
 
 
 @SLOW_DRAWS
