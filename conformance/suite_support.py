@@ -59,9 +59,9 @@ def _prompt_batches(
     max_batch: int,
     kinds: tuple[BatchKind, ...],
 ) -> st.SearchStrategy[tuple[BatchShape, list[list[int]]]]:
-    # an engine scores a prompt by generating one token after it (vLLM's prompt_logprobs),
-    # so even a scored sequence needs a free position in the context
-    limit = depth.prompt_limit(context, max(max_new_tokens, 1))
+    # an engine scores a sequence by generating one token after it (vLLM's prompt_logprobs),
+    # so a prompt and its rollout, scored again, need one more position in the context
+    limit = depth.prompt_limit(context, max_new_tokens + 1)
     shapes = batch_shapes(
         min_len=min_len,
         max_len=limit,

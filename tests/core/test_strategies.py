@@ -161,5 +161,6 @@ def test_scored_prompts_leave_the_position_an_engine_generates_into(data):
     from conformance.suite_support import prompt_batches
 
     model = SimpleNamespace(max_position_embeddings=16, vocab_size=VOCAB, special_token_ids=[0])
-    _, prompts = data.draw(prompt_batches(model, DEPTHS["deep"], min_len=2))
-    assert max(len(p) for p in prompts) <= 15
+    new_tokens = data.draw(st.integers(0, 8))
+    _, prompts = data.draw(prompt_batches(model, DEPTHS["deep"], max_new_tokens=new_tokens))
+    assert max(len(p) for p in prompts) + new_tokens <= 15
