@@ -27,6 +27,8 @@ TEMPERATURES = st.sampled_from([1.0, 0.7, 0.5, 1.3])
 TOP_PS = st.sampled_from([1.0, 0.9, 0.5])
 TOP_KS = st.sampled_from([0, 20])
 SEEDS = st.integers(0, 2**31 - 1)
+#: seeds of a prompt's token ids (see token_sequences)
+_ID_SEEDS = st.integers(0, 2**32 - 1)
 #: lengths of repeated-token runs in a sequence; 1 = no repetition
 _RUN_LENGTHS = st.sampled_from([1, 2, 4, 8])
 #: GRPO samples n responses per prompt (n = 8–16 in the seeds), so a rollout batch repeats
@@ -193,9 +195,6 @@ def _draw_ids(
     for position, token in draw(_overrides(length, markers)):
         tokens[position] = token
     return tokens
-
-
-_ID_SEEDS = st.integers(0, 2**32 - 1)
 
 
 @functools.lru_cache(maxsize=4096)

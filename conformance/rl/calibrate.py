@@ -200,7 +200,7 @@ def totals(records: list[RunRecord]) -> list[str]:
     injected = [r for r in records if r.case.alarm_expected]
     crashed = [r for r in records if r.case.collapse_expected]
     broken = [r for r in injected if r.alarm and r.collapse]
-    leads = [min(f.step for f in r.collapse) - min(f.step for f in r.alarm) for r in broken]
+    leads = [first_step(r.collapse) - first_step(r.alarm) for r in broken]  # both fired
     return [
         f"- Mismatch alarm on runs that must stay quiet: {sum(bool(r.alarm) for r in quiet_alarm)}"
         f" false alarms in {len(quiet_alarm)} runs.",

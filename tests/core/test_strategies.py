@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
@@ -20,6 +22,7 @@ from conformance.strategies import (
     token_ids,
     token_sequences,
 )
+from conformance.suite_support import prompt_batches
 
 VOCAB = 384
 #: drawing realistic sizes is the point here; a loaded CI machine must not turn it into a
@@ -156,10 +159,6 @@ def test_bad_lengths_are_named_when_drawn():
 @given(st.data())
 def test_scored_prompts_leave_the_position_an_engine_generates_into(data):
     # vLLM scores a prompt through one generated token: a prompt of the full context fails there
-    from types import SimpleNamespace
-
-    from conformance.suite_support import prompt_batches
-
     model = SimpleNamespace(max_position_embeddings=16, vocab_size=VOCAB, special_token_ids=[0])
     new_tokens = data.draw(st.integers(0, 8))
     _, prompts = data.draw(prompt_batches(model, DEPTHS["deep"], max_new_tokens=new_tokens))
