@@ -210,7 +210,11 @@ def profile_violations(candidate: Report, profile: Any) -> tuple[str, list[str]]
         profile = load_profile(profile)
     lines = []
     for check in candidate.checks:
-        found = check.violations if profile is None else profile.check(check.metrics)
+        found = (
+            check.violations
+            if profile is None
+            else profile.check(check.metrics, tokens=check.tokens)
+        )
         where = f"{check.suite}/{check.name}"
         if found:
             shown = "; ".join(

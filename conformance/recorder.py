@@ -64,6 +64,10 @@ class CheckRecord:
     #: where the running example's first NaN/inf log-prob is, for its failure message
     nonfinite_at: str = ""
 
+    def tokens(self) -> int:
+        """How many tokens the pooled metrics pool."""
+        return sum(row[0].numel() for row in self.rows)
+
     def pooled(self) -> dict[str, float]:
         """Mismatch metrics over every token measured so far, plus notes."""
         from conformance.metrics import mismatch_metrics, stack_ragged
@@ -200,12 +204,9 @@ class Recorder:
         train, mask = stack_ragged([torch.as_tensor(r, dtype=torch.float64) for r in lp_train])
         infer, _ = stack_ragged([torch.as_tensor(r, dtype=torch.float64) for r in lp_infer])
         metrics = _safe_metrics(mismatch_metrics, train, infer, mask)
-        if int(mask.sum()) < 2:
-            # a correlation needs two tokens: on one, pcc is 0 by definition, no evidence
-            metrics.pop("pcc", None)
         if per_example:
             metrics = {k: v for k, v in metrics.items() if k in EXAMPLE_METRICS}
-        return self._profile.check(metrics)
+        return self._profile.check(metrics, tokens=int(mask.sum()))
 
     def note(self, **values: Any) -> None:
         """Record extra per-check numbers (e.g. a simulated floor) next to the metrics."""
@@ -235,7 +236,7 @@ class Recorder:
         record = self._require_check()
         pooled = record.pooled()
         violations = self._profile.check(
-            {k: v for k, v in pooled.items() if k not in EXAMPLE_METRICS}
+            {k: v for k, v in pooled.items() if k not in EXAMPLE_METRICS}, tokens=record.tokens()
         )
         if violations and record.worst is not None:
             record.case = record.worst[1]

@@ -194,7 +194,7 @@ class HarnessSession:
     ) -> Check:
         """Turn a finished check into its report entry. A failed check records the case of the
         failure it names (Hypothesis's final, shrunk example), else its worst example."""
-        metrics = record.pooled()
+        metrics, tokens = record.pooled(), record.tokens()
         failure = record.failure_for(exc) if outcome.status != "pass" else None
         case, case_metrics = (
             (failure.case, failure.metrics)
@@ -210,10 +210,11 @@ class HarnessSession:
             name=record.name,
             nodeid=record.nodeid,
             status=outcome.status,
-            message=outcome.message,
+            message=outcome.message or self._unjudged_pool(tokens),
             metrics=metrics,
+            tokens=tokens,
             thresholds={k: v for k, v in self.profile.thresholds.items() if k in metrics},
-            violations=self.profile.check(metrics) if metrics else [],
+            violations=self.profile.check(metrics, tokens=tokens) if metrics else [],
             worst_case={**case, "replay": self.replay_command(record.nodeid)} if case else None,
             worst_case_metrics=case_metrics,
             shrink=Shrink(**shrink) if shrink else None,
@@ -225,6 +226,17 @@ class HarnessSession:
         self.checks.append(check)
         self.log(event="check", **{k: v for k, v in check.to_json().items() if k != "samples"})
         return check
+
+    def _unjudged_pool(self, tokens: int) -> str:
+        """What a check says when its pool was too small for the profile's pooled bounds."""
+        if not tokens or self.profile.judges_pool(tokens):
+            return ""
+        return (
+            f"pooled bounds not judged: {tokens} token{'s' * (tokens != 1)} measured, profile "
+            f"{self.profile.name}'s "
+            f"are calibrated on pools of {self.profile.min_pooled_tokens} or more (run more "
+            f"examples to judge them)"
+        )
 
     def replay_command(self, nodeid: str) -> str:
         args = ["pytest", nodeid, *self.spec.pytest_args(), f"--hypothesis-seed={self.seed}"]
@@ -267,6 +279,7 @@ class HarnessSession:
                 name=self.profile.name,
                 source=str(self.profile.source),
                 thresholds=self.profile.thresholds,
+                min_pooled_tokens=self.profile.min_pooled_tokens,
             ),
             checks=self.checks,
             timing=self._timing(),

@@ -1,7 +1,11 @@
 """Tolerance profiles: one threshold per mismatch metric, shipped as TOML in this package.
 
-A profile file is a flat table ``metric = threshold`` (plus an optional ``description``).
-Metric names, and which side of a threshold is a violation, come from
+A profile file is a flat table ``metric = threshold``, plus an optional ``description`` and
+``min_pooled_tokens``: the fewest tokens a pooled bound (an average, spread or correlation) is
+judged on. A calibrated profile sets it to the smallest pool its bounds were measured on; a
+mean over fewer tokens strays further from its ideal than the calibration saw (one token's
+log-ratio is its own mean), so such a pool is reported but not judged. Metric names, which
+side of a threshold is a violation and which metrics are pooled come from
 :mod:`conformance.metric_table`.
 """
 
@@ -18,7 +22,6 @@ from conformance.metric_table import METRIC_NAMES, metric
 from conformance.report.schema import Violation
 
 _HERE = Path(__file__).parent
-_META_KEYS = frozenset({"description"})
 
 
 @dataclass(frozen=True)
@@ -27,14 +30,26 @@ class Profile:
     source: Path
     thresholds: dict[str, float]
     description: str = ""
+    #: pools of fewer valid tokens are not held to the pooled bounds (see the module docstring)
+    min_pooled_tokens: int = 1
 
-    def check(self, metrics: Mapping[str, float]) -> list[Violation]:
-        """Violations among the metrics both measured and bounded; NaN always violates."""
+    def judges_pool(self, tokens: int | None) -> bool:
+        """Whether metrics pooled over ``tokens`` tokens are held to the pooled bounds
+        (``None``: a pool of unknown size, judged)."""
+        return tokens is None or tokens >= self.min_pooled_tokens
+
+    def check(self, metrics: Mapping[str, float], *, tokens: int | None = None) -> list[Violation]:
+        """Violations among the metrics both measured and bounded; NaN always violates.
+        ``tokens`` is how many tokens ``metrics`` pool: the pooled metrics of a pool the
+        profile does not judge (:meth:`judges_pool`) are left out."""
         violations = []
+        pooled = self.judges_pool(tokens)
         for name, threshold in self.thresholds.items():
             if name not in metrics:
                 continue
             fact, value = metric(name), float(metrics[name])
+            if fact.scope == "pooled" and not pooled:
+                continue
             if fact.violates(value, threshold):
                 violations.append(
                     Violation(metric=name, value=value, threshold=threshold, bound=fact.bound)
@@ -67,7 +82,13 @@ def load_profile(name_or_path: str | Path) -> Profile:
             f"profile {path} is not valid TOML ({exc})", "fix the syntax: lines of metric = number"
         ) from None
     description = table.pop("description", "")
-    unknown = sorted(set(table) - set(METRIC_NAMES) - _META_KEYS)
+    min_pooled_tokens = table.pop("min_pooled_tokens", 1)
+    if type(min_pooled_tokens) is not int or min_pooled_tokens < 1:
+        raise ProfileError(
+            f"profile {path}: min_pooled_tokens = {min_pooled_tokens!r} is not a positive integer",
+            "write a whole number of tokens, e.g. min_pooled_tokens = 256",
+        )
+    unknown = sorted(set(table) - set(METRIC_NAMES))
     if unknown:
         raise ProfileError(
             f"profile {path} names unknown metric(s) {', '.join(unknown)}",
@@ -81,7 +102,13 @@ def load_profile(name_or_path: str | Path) -> Profile:
                 f"write a number, e.g. {name} = 1e-5",
             )
         thresholds[name] = float(value)
-    return Profile(name=path.stem, source=path, thresholds=thresholds, description=description)
+    return Profile(
+        name=path.stem,
+        source=path,
+        thresholds=thresholds,
+        description=description,
+        min_pooled_tokens=min_pooled_tokens,
+    )
 
 
 def _resolve(name_or_path: str | Path) -> Path:

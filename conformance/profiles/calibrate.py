@@ -12,7 +12,9 @@ replace the factor where they are tighter but still above the measurement (verl'
 ``rollout_probs_diff_mean`` < 0.01, NeMo-RL's ``token_mult_prob_error`` < 1.05). Every metric is
 measured per batch, pooled ones included: a suite pools one test's tokens, often a few hundred,
 and a mean over a few hundred tokens strays further from its ideal than one over a whole model's
-batches. The measurement sits next to each number in the written TOML.
+batches. The smallest batch's rollout tokens are the profile's ``min_pooled_tokens``: below it
+a pooled bound would be judged outside what was measured. The measurement sits next to each
+number in the written TOML.
 """
 
 from __future__ import annotations
@@ -136,6 +138,8 @@ def write_profile(
     batches: tuple[tuple[int, int, int], ...],
 ) -> None:
     quadratic = ", ".join(sorted(QUADRATIC))
+    prompts, _, new = min(batches, key=lambda batch: batch[0] * batch[2])
+    pooled_tokens = prompts * new
     lines = [
         f"# {profile}: {DESCRIPTIONS[profile]}",
         "# Calibrated by `python -m conformance.profiles.calibrate` (see its docstring): "
@@ -149,6 +153,8 @@ def write_profile(
         "# to two significant digits; signed metrics (rho_mean, k1, chi2_token) are bounded on "
         "both sides of their ideal.",
         f'description = "{DESCRIPTIONS[profile]}"',
+        f"min_pooled_tokens = {pooled_tokens}  # the smallest batch's rollout tokens "
+        f"({prompts} x {new}): pooled bounds are judged from there",
         "",
     ]
     for fact in METRICS:

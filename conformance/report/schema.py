@@ -135,6 +135,8 @@ class Check(Record):
     message: str = ""
     #: mismatch metrics over every token measured, plus the suite's notes
     metrics: dict[str, float] = field(default_factory=dict)
+    #: how many tokens ``metrics`` pool (files from before it lack it: pools of unknown size)
+    tokens: int | None = None
     #: the profile's thresholds of the measured metrics
     thresholds: dict[str, float] = field(default_factory=dict)
     violations: list[Violation] = field(default_factory=list)
@@ -157,6 +159,8 @@ class ProfileInfo(Record):
     name: str
     source: str | None = None
     thresholds: dict[str, float] = field(default_factory=dict)
+    #: pools of fewer tokens were not held to the pooled bounds
+    min_pooled_tokens: int = 1
 
 
 @dataclass(kw_only=True)

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from conformance.errors import ProfileError
-from conformance.metric_table import BY_NAME, METRICS, metric
+from conformance.metric_table import BY_NAME, EXAMPLE_METRICS, METRICS, metric
 from conformance.metrics import mismatch_metrics, stack_ragged
 from conformance.profiles import available_profiles, load_profile
+from conformance.profiles.calibrate import BATCHES, PRECISIONS
 
 SHIPPED = ("bf16", "exact", "fp16", "fp32")
 #: what the shipped profiles bound: every metric but those that grow with sequence length
@@ -125,6 +126,36 @@ def test_a_user_file_loads_by_path(tmp_path) -> None:
     profile = load_profile(str(path))
     assert (profile.name, profile.thresholds) == ("mine", {"abs_diff_max": 1.0, "pcc": 0.5})
     assert profile.description == "loose"
+    assert profile.min_pooled_tokens == 1  # unless it says otherwise, every pool is judged
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "1.5", "true", '"256"'])
+def test_min_pooled_tokens_must_be_a_positive_integer(tmp_path, value: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(f"min_pooled_tokens = {value}\nrho_std = 1e-5\n")
+    with pytest.raises(ProfileError, match=r"min_pooled_tokens = .* not a positive integer"):
+        load_profile(path)
+
+
+def test_calibrated_profiles_judge_pools_from_the_smallest_calibrated_batch() -> None:
+    smallest = min(prompts * new for prompts, _, new in BATCHES)
+    for name, *_ in PRECISIONS:
+        assert load_profile(name).min_pooled_tokens == smallest, name
+    assert load_profile("exact").min_pooled_tokens == 1  # bitwise equality holds at any size
+
+
+def test_a_pool_below_the_calibrated_size_is_held_to_the_per_example_bounds_only() -> None:
+    """One token's log-ratio is its own mean: a sound fp32 token 4e-6 apart breaks k1's pooled
+    bound (≈ 2e-6, calibrated on ≥ 256 tokens) but no per-token bound."""
+    fp32 = load_profile("fp32")
+    lp = torch.tensor([[-2.0]], dtype=torch.float64)
+    one_token = mismatch_metrics(lp, lp + 4e-6, torch.ones_like(lp, dtype=torch.bool))
+    judged = {v.metric for v in fp32.check(one_token)}
+    assert "k1" in judged and not judged & EXAMPLE_METRICS
+    assert fp32.check(one_token, tokens=1) == []
+    assert {v.metric for v in fp32.check(one_token, tokens=fp32.min_pooled_tokens)} == judged
+    far = {**one_token, "abs_diff_max": 1.0, "k1": 1.0}
+    assert {v.metric for v in fp32.check(far, tokens=1)} == {"abs_diff_max"}
 
 
 # --- the calibration on the real reference stack --------------------------------------------

@@ -27,7 +27,8 @@ from .reports import make_report
 REAL = Path(__file__).parent / "data" / "schema1-bf16-prefill.json"
 #: the fields early schema-1 files lack, per report and per check
 LATER = ("depth", "timing")
-LATER_PER_CHECK = ("shrink", "seconds", "worst_case_metrics")
+LATER_PER_CHECK = ("shrink", "seconds", "worst_case_metrics", "tokens")
+LATER_PER_PROFILE = ("min_pooled_tokens",)
 
 
 def write(path: Path, data: dict) -> Path:
@@ -41,6 +42,7 @@ def early(raw: dict) -> dict:
     data["checks"] = [
         {k: v for k, v in c.items() if k not in LATER_PER_CHECK} for c in raw["checks"]
     ]
+    data["profile"] = {k: v for k, v in raw["profile"].items() if k not in LATER_PER_PROFILE}
     return data
 
 
@@ -64,6 +66,8 @@ def test_early_files_without_the_later_fields_read_with_defaults(tmp_path) -> No
     assert report.depth is None and report.timing is None
     (check,) = report.checks
     assert check.shrink is None and check.seconds is None and check.worst_case_metrics is None
+    # a pool of unknown size is judged, as it was when the file was written
+    assert check.tokens is None and report.profile.min_pooled_tokens == 1
     assert report.to_json()["timing"] is None  # written back in the current layout
 
 
