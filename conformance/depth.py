@@ -4,8 +4,10 @@ Real rollouts are thousands of tokens, engines batch hundreds of sequences and K
 paged, so a property drawn only at toy sizes certifies nothing about them. The anchors: NeMo-RL's
 validation matrix (sequence length 100 / 1,000 / 10,000; batch 1 / 8 / 32), SGLang's
 decode-vs-prefill test (inputs up to 3,000 tokens, long outputs), vLLM's batch-invariance test
-(batches up to 128). Sizes are drawn log-uniformly (``strategies.log_sizes``), so the long cases
-are reached in every run without dominating its time, and shrinking still ends at the smallest.
+(batches up to 128). Sizes are drawn log-uniformly (``strategies.log_sizes``), so long cases are
+reached without dominating a run's time and shrinking still ends at the smallest; and each
+property runs one more example at the top sizes (``recorder.one_example_at_top``), so every run
+reaches them.
 
 A batch's tokens (sequences × longest prompt and rollout) are bounded too, as engines bound the
 tokens of one step (vLLM's ``max_num_batched_tokens``, SGLang's ``chunked_prefill_size``): batch

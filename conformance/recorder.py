@@ -4,14 +4,16 @@ hold them to the profile; and what one check kept of its examples.
 Every example announces its case (``Recorder.case``) before it runs the stack, so however the
 example fails — a profile violation, a NaN, an engine error — the case on record is the one
 that failed. Hypothesis runs its final, shrunk falsifying example last, so the case kept per
-failure origin is the minimal one.
+failure origin is the minimal one. After its drawn examples pass, a property runs one more,
+at the top sizes (:func:`one_example_at_top`), so every run reaches its depth's largest case.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -63,6 +65,8 @@ class CheckRecord:
     examples_after_failure: int = 0
     #: where the running example's first NaN/inf log-prob is, for its failure message
     nonfinite_at: str = ""
+    #: what a passing check says it did not cover (see ``Recorder.remark``)
+    remarks: list[str] = field(default_factory=list)
 
     def tokens(self) -> int:
         """How many tokens the pooled metrics pool."""
@@ -140,11 +144,15 @@ class Recorder:
     ) -> dict[str, Any]:
         """Announce the running example's reproducer — prompt ids, batch shape, sampling spec
         and anything else it drew — before it runs the stack; returns it."""
+        from conformance.strategies import drawing_at_top
+
         record = self._require_check()
         record.case = {
             "prompt_ids": [list(p) for p in prompts],
             "batch_shape": shape.as_dict() if shape else {"batch_size": len(prompts)},
             "sampling": sampling.as_dict() if sampling else None,
+            # a failure first found here is not shrunk: its sizes cannot leave the top
+            **({"top_sizes": True} if drawing_at_top() else {}),
             **extra,
         }
         return record.case
@@ -213,6 +221,12 @@ class Recorder:
         record = self._require_check()
         record.extra.update(values)
         self._log(event="note", nodeid=record.nodeid, values=values)
+
+    def remark(self, text: str) -> None:
+        """Say what the running check could not cover (its report message when it passes)."""
+        remarks = self._require_check().remarks
+        if text not in remarks:
+            remarks.append(text)
 
     def describe(self, **context: Any) -> None:
         """Record what sets the running check apart (its report entry's ``context``)."""
@@ -288,6 +302,8 @@ class Recorder:
         handle.inner_test = self.watched(inner)
         try:
             test()
+            with one_example_at_top(test):
+                test()
         finally:
             handle.inner_test = inner
 
@@ -313,6 +329,35 @@ class Recorder:
         if self.current is None:
             raise RuntimeError("the recorder is only usable inside a conformance test")
         return self.current
+
+
+@contextmanager
+def one_example_at_top(test: Any) -> Iterator[None]:
+    """While inside, the ``@given`` property ``test`` runs one example: the largest case.
+
+    Hypothesis's first example makes every choice the simplest, which
+    :func:`conformance.strategies.at_top_sizes` draws at the top sizes; one example stops it
+    there. Log-uniform draws reach a size's top in one example of eight, so 20 examples miss
+    it about one run in fifteen, and every check sharing a seed misses it together; this one
+    never does. It is not shrunk (its sizes stay at the top whatever else changes, and each
+    try costs the largest engine call), and its choices give the smallest case outside, so
+    none go to the example database.
+    """
+    from hypothesis import Phase, settings
+
+    from conformance.strategies import at_top_sizes
+
+    # @given keeps the settings it was decorated under here, and Hypothesis has no public way
+    # to change them for one call
+    drawn = test._hypothesis_internal_use_settings
+    test._hypothesis_internal_use_settings = settings(
+        parent=drawn, max_examples=1, database=None, phases=(Phase.generate,)
+    )
+    try:
+        with at_top_sizes():
+            yield
+    finally:
+        test._hypothesis_internal_use_settings = drawn
 
 
 def _safe_metrics(compute: Callable[..., dict[str, float]], *tensors: Any) -> dict[str, float]:

@@ -195,6 +195,7 @@ class HarnessSession:
         """Turn a finished check into its report entry. A failed check records the case of the
         failure it names (Hypothesis's final, shrunk example), else its worst example."""
         metrics, tokens = record.pooled(), record.tokens()
+        uncovered = [*record.remarks, self._unjudged_pool(tokens)]
         failure = record.failure_for(exc) if outcome.status != "pass" else None
         case, case_metrics = (
             (failure.case, failure.metrics)
@@ -210,7 +211,7 @@ class HarnessSession:
             name=record.name,
             nodeid=record.nodeid,
             status=outcome.status,
-            message=outcome.message or self._unjudged_pool(tokens),
+            message=outcome.message or "; ".join(filter(None, uncovered)),
             metrics=metrics,
             tokens=tokens,
             thresholds={k: v for k, v in self.profile.thresholds.items() if k in metrics},

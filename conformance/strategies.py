@@ -9,7 +9,9 @@ from __future__ import annotations
 import functools
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -81,6 +83,33 @@ def _check_range(name: str, low: int, high: int, floor: int) -> None:
 
 #: one :func:`log_sizes` draw in this many is the largest size
 TOP_ODDS = 8
+#: set while a property draws its example at the top sizes (:func:`at_top_sizes`)
+_AT_TOP: ContextVar[bool] = ContextVar("tim_conformance_at_top_sizes", default=False)
+
+
+def drawing_at_top() -> bool:
+    """Whether the running example is drawn at the top sizes (:func:`at_top_sizes`)."""
+    return _AT_TOP.get()
+
+
+@contextmanager
+def at_top_sizes() -> Iterator[None]:
+    """Draw the largest case while inside: every :func:`log_sizes` draw gives its top, and a
+    sequence whose id seed is the simplest (0, all ``min_id``) takes its ids from a seed of its
+    own position in the batch instead.
+
+    Hypothesis's first example makes every choice the simplest one; under this, that example
+    is the largest batch of the longest varied prompts and rollouts the strategies allow (within
+    the token budget), where the same choices outside give the smallest case. Each property
+    runs it once, so a run reaches its depth's top sizes for certain, not in most runs. The
+    choices drawn are those made outside, so the example replays and shrinks as usual; its
+    sizes stay at the top.
+    """
+    token = _AT_TOP.set(True)
+    try:
+        yield
+    finally:
+        _AT_TOP.reset(token)
 
 
 # drawn inside other strategies' draws, once per sequence: a composite built anew each time
@@ -90,7 +119,8 @@ def log_sizes(low: int, high: int) -> SearchStrategy[int]:
     """Return a strategy for integers in ``[low, high]``, spread log-uniformly, with the top.
 
     One draw in ``TOP_ODDS`` is ``high`` itself, so a run of 20 examples reaches the depth's
-    largest size about 14 times in 15 (a length- or batch-dependent bug lives there). Otherwise a
+    largest size about 14 times in 15 (a length- or batch-dependent bug lives there; the
+    example each property runs under :func:`at_top_sizes` reaches it every time). Otherwise a
     ceiling ``low·2^(k+1) − 1`` is drawn uniformly over the octaves k and then a value uniformly
     in ``[low, ceiling]``, so each octave is reached about as often as the one above it and most
     examples stay cheap. The value is drawn from ``low`` up (not from the octave's start), so
@@ -111,7 +141,7 @@ def log_sizes(low: int, high: int) -> SearchStrategy[int]:
         top = draw(st.integers(0, TOP_ODDS - 1)) == TOP_ODDS - 1
         octave = draw(st.integers(0, octaves - 1))
         value = draw(st.integers(low, min(high, (low << (octave + 1)) - 1)))
-        return high if top else value
+        return high if top or _AT_TOP.get() else value
 
     return build()
 
@@ -180,10 +210,16 @@ def token_sequences(
 
 
 def _draw_ids(
-    draw: st.DrawFn, length: int, vocab_size: int, min_id: int, special_ids: Sequence[int]
+    draw: st.DrawFn,
+    length: int,
+    vocab_size: int,
+    min_id: int,
+    special_ids: Sequence[int],
+    position: int = 0,
 ) -> list[int]:
-    """``length`` ids as :func:`token_sequences` describes."""
-    seed = draw(_ID_SEEDS)
+    """``length`` ids as :func:`token_sequences` describes; ``position`` is the sequence's
+    place in its batch (:func:`at_top_sizes` seeds the simplest ids from it)."""
+    seed = draw(_ID_SEEDS) or (position + 1 if _AT_TOP.get() else 0)
     if seed:
         rng = random.Random(seed)
         tokens = rng.choices(range(min_id, vocab_size), k=length)
@@ -294,16 +330,18 @@ def token_batches(
     def build(draw: st.DrawFn) -> tuple[BatchShape, list[list[int]]]:
         drawn = draw(shapes)
 
-        def ids(n: int) -> list[int]:
-            return _draw_ids(draw, n, vocab_size, 0, special_ids)
+        def ids(n: int, position: int) -> list[int]:
+            return _draw_ids(draw, n, vocab_size, 0, special_ids, position)
 
         if drawn.kind == "grouped":
-            distinct = [ids(n) for n in drawn.lengths[:: drawn.group_size]]
+            distinct = [ids(n, i) for i, n in enumerate(drawn.lengths[:: drawn.group_size])]
             return drawn, [list(p) for p in distinct for _ in range(drawn.group_size)]
         if drawn.kind == "shared-prefix":
-            prefix = ids(drawn.prefix_len)
-            return drawn, [prefix + ids(n - drawn.prefix_len) for n in drawn.lengths]
-        return drawn, [ids(n) for n in drawn.lengths]
+            prefix = ids(drawn.prefix_len, 0)
+            return drawn, [
+                prefix + ids(n - drawn.prefix_len, i + 1) for i, n in enumerate(drawn.lengths)
+            ]
+        return drawn, [ids(n, i) for i, n in enumerate(drawn.lengths)]
 
     return build()
 

@@ -9,6 +9,8 @@ session's engine, and samples rollouts that the session's engine rescores, withi
 profile. Rollouts run twice so that, with prefix caching on, the second pass reads its prompts
 from the cache: a cache hit must not change logprobs beyond the profile. A variant that fails
 replays its minimal case on engines holding parts of its knobs, so the failure names the knob.
+A rollout a variant cannot sample (vLLM on CPU cannot seed a prefill its budget splits into
+chunks) leaves that example scored only, and the passing check says how many did.
 """
 
 from typing import Any
@@ -23,17 +25,20 @@ from conformance.strategies import sampling_specs
 from conformance.suite_support import generated_rows, new_tokens, prompt_batches
 
 
-def compare(reference: Any, variant: Any, prompts: list[list[int]], spec: Any) -> list[tuple]:
+def compare(
+    reference: Any, variant: Any, prompts: list[list[int]], spec: Any, unsampled: list[str]
+) -> list[tuple]:
     """(lp_train, lp_infer, positions) of the variant against the session's engine: the
-    variant's scores of ``prompts`` (no ``spec``), or its rollouts, twice, rescored."""
+    variant's scores of ``prompts`` (no ``spec``), or its rollouts, twice, rescored. A rollout
+    the variant cannot sample adds the engine's reason to ``unsampled``."""
     if spec is None:
         return [(reference.score(prompts), variant.score(prompts), None)]
     rows = []
     for _ in range(2):
         try:
             completions = variant.generate(prompts, spec)
-        except NotImplementedError:
-            # a rollout this variant cannot sample (the engine says why); scoring was checked
+        except NotImplementedError as exc:
+            unsampled.append(first_line(exc))
             break
         rows.append(generated_rows(completions, reference.score([c.sequence for c in completions])))
     return rows
@@ -51,11 +56,16 @@ def test_knobs_keep_logprobs(index, tim, engine, model, depth, recorder):
     variant = tim.engine_variant(**knobs)
     #: the example that ran last: Hypothesis's shrunk one, once it has found a failure
     last: dict[str, Any] = {}
+    #: why each rollout the variant could not sample was not (scoring is still checked)
+    unsampled: list[str] = []
+    rollouts = 0
 
     def check(prompts, shape, spec):
+        nonlocal rollouts
         last.update(prompts=prompts, shape=shape, spec=spec)
         recorder.case(prompts, shape, spec, knobs=knobs)
-        for lp_train, lp_infer, positions in compare(engine, variant, prompts, spec):
+        rollouts += spec is not None
+        for lp_train, lp_infer, positions in compare(engine, variant, prompts, spec, unsampled):
             recorder.check_profile(recorder.measure(lp_train, lp_infer, positions=positions))
 
     @given(data=st.data())
@@ -74,7 +84,7 @@ def test_knobs_keep_logprobs(index, tim, engine, model, depth, recorder):
 
         def fails(part):
             started = tim.engine_variant(**with_requirements(part, engine.knobs()))
-            rows = compare(engine, started, last["prompts"], last["spec"])
+            rows = compare(engine, started, last["prompts"], last["spec"], [])
             return any(recorder.violations(t, i, per_example=True) for t, i, _ in rows)
 
         culprit = smallest_failing(knobs, fails)
@@ -82,3 +92,8 @@ def test_knobs_keep_logprobs(index, tim, engine, model, depth, recorder):
         named = ", ".join(f"{k}={v}" for k, v in culprit.items())
         found = first_line(violation).partition(": ")[2]
         recorder.fail(f"{named} changes logprobs: {found} (variant {knobs})")
+    if unsampled:
+        recorder.remark(
+            f"{len(unsampled)} of {rollouts} rollouts not sampled by this variant (scored only); "
+            f"the engine says, of the last: {unsampled[-1]}"
+        )

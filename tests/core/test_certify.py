@@ -55,18 +55,16 @@ def test_default_stack_is_certified(tmp_path, cli_env):
     assert (out / "report.html").is_file() and (out / "certificate.json").is_file()
 
 
-def test_a_sound_stack_passes_even_one_example_and_says_what_it_did_not_judge(tmp_path, cli_env):
-    """One example draws the minimal case, a token or two: its mean ρ is one token's ρ, and
-    the pooled bounds (calibrated on ≥ 256 tokens) would fail a sound stack on it."""
+def test_a_sound_stack_passes_even_one_example(tmp_path, cli_env):
+    """One drawn example is the minimal case, a token or two, whose mean ρ is one token's ρ:
+    held to pooled bounds calibrated on ≥ 256 tokens, it failed a sound stack (k1, rho_mean,
+    chi2_token, pcc). Every check now also pools the example at the top sizes."""
     out = tmp_path / "run"
     result = certify("--examples", "1", "--out", str(out), env=cli_env, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     measured = [c for c in report["checks"] if c["status"] == "pass"]
-    assert measured and report["profile"]["min_pooled_tokens"] == 256
-    for check in measured:
-        assert 0 < check["tokens"] < 256 and not check["violations"], check
-        assert check["message"].startswith("pooled bounds not judged"), check["message"]
+    assert measured and all(not c["violations"] and c["examples_run"] >= 2 for c in measured)
 
 
 def test_bf16_engine_fails_the_fp32_profile(tmp_path, cli_env):

@@ -76,7 +76,25 @@ def test_user_written_suite_runs_with_options_from_any_source(
     assert "tim-conformance" in result.stdout and "CERTIFIED" in result.stdout
     (check,) = json.loads((tmp_path / "report" / "report.json").read_text())["checks"]
     assert check["suite"] == "my_suite" and check["status"] == "pass"
-    assert check["examples_run"] == 3
+    assert check["examples_run"] == 3 + 1  # drawn, and one at the top sizes
+
+
+def test_a_pool_smaller_than_the_profile_was_calibrated_on_is_reported_not_judged(
+    tmp_path, cli_env
+):
+    """The user suite samples at most 4 tokens an example: its pool stays below the 256 tokens
+    fp32's pooled bounds were calibrated on, so those bounds are not judged, and it says so."""
+    (tmp_path / "test_my_suite.py").write_text(USER_SUITE)
+    result = run_pytest(
+        "test_my_suite.py", "--tim-examples", "3", "--tim-report", "report",
+        cwd=tmp_path, env=cli_env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:]
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    (check,) = report["checks"]
+    assert 0 < check["tokens"] < report["profile"]["min_pooled_tokens"] == 256
+    assert check["message"].startswith("pooled bounds not judged"), check["message"]
+    assert check["violations"] == []
 
 
 def test_an_unconfigured_run_of_a_user_suite_is_one_usage_line(tmp_path, cli_env):

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from conformance.depth import DEPTHS
 from conformance.engines import SamplingSpec
 from conformance.errors import UsageError
+from conformance.recorder import one_example_at_top
 from conformance.strategies import (
     BATCH_KINDS,
     GROUP_SIZES,
@@ -22,7 +23,7 @@ from conformance.strategies import (
     token_ids,
     token_sequences,
 )
-from conformance.suite_support import prompt_batches
+from conformance.suite_support import new_tokens, prompt_batches
 
 VOCAB = 384
 #: drawing realistic sizes is the point here; a loaded CI machine must not turn it into a
@@ -90,6 +91,34 @@ def test_each_depth_reaches_its_largest_sizes(name):
          lambda s: s.max_new_tokens == depth.max_new_tokens)  # fmt: skip
     for kind in BATCH_KINDS:
         find(shapes, lambda s, k=kind: s.kind == k and s.batch_size >= 8)
+
+
+@pytest.mark.parametrize("name", DEPTHS)
+def test_the_example_run_at_the_top_is_the_largest_case(name):
+    """Hypothesis's first example makes the simplest choices: the smallest case when drawn,
+    the largest (prompts of varied ids) in the one example a property runs at the top."""
+    depth = DEPTHS[name]
+    model = SimpleNamespace(vocab_size=VOCAB, max_position_embeddings=4096, special_token_ids=[])
+    new = depth.max_new_tokens
+    seen = []
+
+    @settings(max_examples=1, database=None, deadline=None)
+    @given(data=st.data())
+    def draw(data):
+        spec = data.draw(sampling_specs(max_new_tokens=new_tokens(depth)))
+        seen.append((spec, *data.draw(prompt_batches(model, depth, max_new_tokens=new))))
+
+    draw()
+    with one_example_at_top(draw):
+        draw()
+    draw()
+    (_, smallest, _), (spec, shape, prompts), (_, drawn, _) = seen
+    assert smallest.lengths == (1,) and drawn.lengths == (1,)  # the context is left as it was
+    budget = depth.max_batch_tokens
+    size = min(depth.max_batch, budget // (1 + new))
+    longest = min(depth.prompt_limit(4096, new + 1), budget // size - new)
+    assert shape.lengths == (longest,) * size and spec.max_new_tokens == new
+    assert len({tuple(p) for p in prompts}) == size and all(len(set(p)) > 1 for p in prompts)
 
 
 @SLOW_DRAWS

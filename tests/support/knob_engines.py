@@ -36,3 +36,22 @@ class SkewedKnobEngine(MicroBatchedEngine):
 
     def score(self, *args: Any, **kwargs: Any) -> Any:
         return [[lp - self._skew() for lp in row] for row in super().score(*args, **kwargs)]
+
+
+class ChunkSeededEngine(MicroBatchedEngine):
+    """A knob under which a seeded rollout cannot start from a prompt longer than the prefill
+    chunk, as vLLM's CPU build cannot (its generators take no offset): the engine says so with
+    ``NotImplementedError``, and the knob suite scores such examples only, saying how many."""
+
+    name = "chunk-seeded-hf"
+    OPTIONS: ClassVar[Mapping[str, str]] = {**MicroBatchedEngine.OPTIONS, "prefill_chunk": "0"}
+    KNOBS: ClassVar[Mapping[str, Knob]] = {"prefill_chunk": Knob(("8",))}
+
+    def generate(self, prompts: Any, spec: Any, **kwargs: Any) -> Any:
+        chunk, longest = int(self.options["prefill_chunk"]), max(map(len, prompts))
+        if chunk and longest > chunk:
+            raise NotImplementedError(
+                f"cannot seed a rollout from a {longest}-token prompt prefilled in chunks of "
+                f"{chunk} tokens"
+            )
+        return super().generate(prompts, spec, **kwargs)
