@@ -232,11 +232,11 @@ class HarnessSession:
         """What a check says when its pool was too small for the profile's pooled bounds."""
         if not tokens or self.profile.judges_pool(tokens):
             return ""
+        profile = self.profile
         return (
             f"pooled bounds not judged: {tokens} token{'s' * (tokens != 1)} measured, profile "
-            f"{self.profile.name}'s "
-            f"are calibrated on pools of {self.profile.min_pooled_tokens} or more (run more "
-            f"examples to judge them)"
+            f"{profile.name}'s are calibrated on pools of {profile.min_pooled_tokens} or more "
+            "(run more examples to judge them)"
         )
 
     def replay_command(self, nodeid: str) -> str:
