@@ -39,6 +39,14 @@ def certify(*args: str, env: dict[str, str], out: Path) -> tuple[int, dict, str]
     return result.returncode, report, result.stdout + result.stderr
 
 
+def replay(case: dict, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run a recorded case's replay command, as a user pastes it."""
+    return subprocess.run(
+        [sys.executable, "-m", *shlex.split(case["replay"]), "-p", "no:cacheprovider", "-q"],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=1800,
+    )  # fmt: skip
+
+
 def failed_checks(report: dict) -> list[dict]:
     return [c for c in report["checks"] if c["status"] == "fail"]
 
@@ -113,16 +121,8 @@ def test_the_recorded_case_replays_the_failure(tmp_path, cli_env):
     (check,) = failed_checks(report)
     # the case on record is Hypothesis's final, shrunk example: past the drift's start
     assert check["worst_case"]["sampling"]["max_new_tokens"] > 97
-    replay = shlex.split(check["worst_case"]["replay"])
-    assert replay[0] == "pytest"
-    rerun = subprocess.run(
-        [sys.executable, "-m", *replay, "-p", "no:cacheprovider", "-q"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=cli_env,
-        timeout=1800,
-    )
+    assert shlex.split(check["worst_case"]["replay"])[0] == "pytest"
+    rerun = replay(check["worst_case"], cli_env)
     assert rerun.returncode == 1, rerun.stdout[-3000:]
     # the same property fails on the same metric; the values may differ where the first run's
     # shrinking was cut short and the replay shrinks further from the stored example
@@ -145,10 +145,7 @@ def test_a_defect_only_the_largest_case_shows_fails_every_run(tmp_path, cli_env)
     assert case["top_sizes"] is True
     assert case["sampling"]["max_new_tokens"] == DEPTHS["quick"].max_new_tokens
     assert case["batch_shape"]["batch_size"] == DEPTHS["quick"].max_batch
-    rerun = subprocess.run(
-        [sys.executable, "-m", *shlex.split(case["replay"]), "-p", "no:cacheprovider", "-q"],
-        capture_output=True, text=True, cwd=REPO, env=cli_env, timeout=1800,
-    )  # fmt: skip
+    rerun = replay(case, cli_env)
     assert rerun.returncode == 1, rerun.stdout[-3000:]
     assert '"top_sizes": true' in rerun.stdout, rerun.stdout[-3000:]
 

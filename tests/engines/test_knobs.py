@@ -109,19 +109,24 @@ def test_bisection_finds_exactly_the_knobs_that_fail_together(case) -> None:
         assert len(calls) <= 2 * math.ceil(math.log2(size))
 
 
+def certify_knobs(engine: str, out: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``certify`` of the knob suite alone, 2 examples, on an engine of ``knob_engines``."""
+    return subprocess.run(
+        [
+            sys.executable, "-m", "conformance", "certify", "--examples", "2", "--out", str(out),
+            "--engine", f"tests.support.knob_engines:{engine}", "--suite", "engine_knobs",
+        ],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=900,
+    )  # fmt: skip
+
+
 def test_a_defect_behind_one_knob_value_fails_certify_naming_that_knob(
     tmp_path: Path, cli_env: dict[str, str]
 ) -> None:
     """The documentation's micro-batched engine plus a knob that skews every log-prob: certify
     holds both knobs in one variant, which fails; bisection names the skewing knob alone."""
     out = tmp_path / "run"
-    result = subprocess.run(
-        [
-            sys.executable, "-m", "conformance", "certify", "--examples", "2", "--out", str(out),
-            "--engine", "tests.support.knob_engines:SkewedKnobEngine", "--suite", "engine_knobs",
-        ],
-        capture_output=True, text=True, env=cli_env, cwd=REPO, timeout=900,
-    )  # fmt: skip
+    result = certify_knobs("SkewedKnobEngine", out, cli_env)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     knob_checks = {c["name"]: c for c in report["checks"] if c["suite"] == "engine_knobs"}
@@ -155,13 +160,7 @@ def test_a_variant_that_cannot_sample_a_rollout_says_how_many_it_scored_only(
     limit): those examples are scored only, and the passing check says how many and why. The
     example at the top sizes has 512-token prompts, so at least one is."""
     out = tmp_path / "run"
-    result = subprocess.run(
-        [
-            sys.executable, "-m", "conformance", "certify", "--examples", "2", "--out", str(out),
-            "--engine", "tests.support.knob_engines:ChunkSeededEngine", "--suite", "engine_knobs",
-        ],
-        capture_output=True, text=True, env=cli_env, cwd=REPO, timeout=900,
-    )  # fmt: skip
+    result = certify_knobs("ChunkSeededEngine", out, cli_env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     (check,) = [c for c in report["checks"] if c["status"] == "pass"]
