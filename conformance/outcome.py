@@ -12,7 +12,10 @@ from __future__ import annotations
 import traceback
 from dataclasses import dataclass
 
-from conformance.errors import EngineCrashed
+from conformance.errors import ConformanceError, EngineCrashed
+
+#: how an error that is neither a violation nor the stack's own is named
+FAULT = "harness/adapter fault"
 
 #: first lines of further failures listed in one message
 _MORE_SHOWN = 3
@@ -41,6 +44,9 @@ class Outcome:
     primary: BaseException | None = None
     #: the stack crashed or hung: its traceback is the harness's, not the user's to read
     crashed: bool = False
+    #: an exception raised in the harness's or an adapter's own code: the terminal shows one
+    #: line and the log keeps the traceback
+    fault: bool = False
 
 
 def origin(exc: BaseException) -> tuple[str, str, int]:
@@ -95,4 +101,8 @@ def classify(exc: BaseException) -> Outcome:
             inner,
         )
     inner = found[0]
-    return Outcome("error", f"{type(inner).__name__}: {first_line(inner)}", crashed=crashed)
+    message = f"{type(inner).__name__}: {first_line(inner)}"
+    if crashed or isinstance(inner, ConformanceError):
+        # the stack crashed or refused, and said why in one line
+        return Outcome("error", message, crashed=True)
+    return Outcome("error", f"{FAULT}: {message}", fault=True)

@@ -327,8 +327,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     judged = _judge(report, call)
     if judged is None:
         return
-    if judged[0].crashed:
-        report.longrepr = judged[0].message
+    if judged[0].crashed or judged[0].fault:
+        # one line on the terminal; a fault's traceback goes to results.jsonl
+        if judged[0].fault:
+            harness = item.config.stash[SESSION_KEY]
+            harness.log_fault(item.nodeid, judged[1])
+            where = f" in {harness.report_dir / 'results.jsonl'}" if harness.report_dir else ""
+            report.longrepr = (
+                f"{judged[0].message} (engine {harness.engine_release()}; traceback logged"
+                f'{where}, event "fault")'
+            )
+        else:
+            report.longrepr = judged[0].message
     previous = item.stash.get(_OUTCOME_KEY, None)
     # the first non-pass phase decides; a pass in "call" is final unless teardown errs
     if previous is None or (previous[0].status == "pass" and judged[0].status != "pass"):

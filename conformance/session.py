@@ -9,6 +9,7 @@ import json
 import random
 import shlex
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +19,7 @@ from conformance.backends import BACKENDS, Backend
 from conformance.engines import ENGINES, Engine
 from conformance.errors import ConformanceError, EngineCrashed, EngineUnavailable
 from conformance.guard import CallTimedOut, Guarded, deadline
-from conformance.outcome import Outcome
+from conformance.outcome import Outcome, first_line
 from conformance.recorder import CheckRecord, Recorder
 from conformance.report.schema import Check, ProfileInfo, Report, Shrink, Stack, Timing
 from conformance.stack import StackSpec, fingerprint
@@ -40,6 +41,8 @@ class HarnessSession:
         self.recorder = Recorder(self.profile, log=self.log, replay=self.replay_command)
         self.checks: list[Check] = []
         self.crash: str | None = None
+        #: what the user can do about the crash, when the component that crashed said
+        self.crash_fix: str | None = None
         #: why the run was cut short (a signal, Ctrl-C), if it was
         self.interrupted: str | None = None
         self.final_report: Report | None = None
@@ -128,18 +131,20 @@ class HarnessSession:
         try:
             with deadline(self.spec.start_timeout, f"starting {kind} {name!r}"):
                 inner = component_cls(config)
-        except ConformanceError as exc:
-            # the component names what is wrong and the fix; without it nothing can be measured
-            self._on_crash(f"{kind} {name!r} failed to start: {exc}")
-            raise
         except (Exception, CallTimedOut) as exc:
-            # no engine or backend means no measurement: the rest is skipped, not errored
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            reason = f"{kind} {name!r} failed to start: {first}"
-            self._on_crash(reason)
-            raise EngineUnavailable(
-                reason, getattr(exc, "fix", "") or f"see the {kind}'s log above"
-            ) from exc
+            # no engine or backend means no measurement: the rest is skipped, not errored. A
+            # component that refuses (UsageError) names its own reason and fix; anything else
+            # is its first line, with the traceback in the log only
+            component = f"{kind} {name!r} ({component_cls.__module__}.{component_cls.__qualname__})"
+            if isinstance(exc, ConformanceError):
+                verb, problem = "refused to start", exc.problem
+            else:
+                verb, problem = "failed to start", f"{type(exc).__name__}: {first_line(exc)}"
+            fix = getattr(exc, "fix", "") or (
+                f'make the {kind} start; its traceback is in results.jsonl (event "crash")'
+            )
+            self._on_crash(f"{component} {verb}: {problem}", fix=fix, exc=exc)
+            raise EngineUnavailable(f"{component} {verb}: {problem}", fix) from exc
         finally:
             seconds = time.perf_counter() - started
             self.timing[f"{kind}_start_s"] += seconds
@@ -157,10 +162,25 @@ class HarnessSession:
         self.log(event=f"{kind}_started", changes=dict(key), seconds=round(seconds, 3), info=info)
         return guarded
 
-    def _on_crash(self, reason: str) -> None:
+    def _on_crash(
+        self, reason: str, *, fix: str | None = None, exc: BaseException | None = None
+    ) -> None:
         if self.crash is None:
-            self.crash = reason
-        self.log(event="crash", reason=reason)
+            self.crash, self.crash_fix = reason, fix
+        self.log(
+            event="crash", reason=reason, **({"traceback": format_traceback(exc)} if exc else {})
+        )
+
+    def log_fault(self, nodeid: str, exc: BaseException) -> None:
+        """Keep the traceback of an exception a check raised for the log, not the terminal."""
+        self.log(event="fault", nodeid=nodeid, traceback=format_traceback(exc))
+
+    def engine_release(self) -> str:
+        """The engine and the release of the package behind it, from its ``info()``: what a
+        harness or adapter fault is reported against."""
+        info = self._infos.get("engine", {})
+        versions = [f"{key} {info[key]}" for key in RELEASE_KEYS if info.get(key)]
+        return f"{self.spec.engine!r}" + (f" ({', '.join(versions)})" if versions else "")
 
     def close(self) -> None:
         """Close every engine and backend started; one failing to close does not keep the
@@ -257,8 +277,9 @@ class HarnessSession:
             return "incomplete", f"{unfinished} ({measured} checks measured)"
         if "error" in statuses:
             errored = [c for c in self.checks if c.status == "error"]
-            return "incomplete", f"{len(errored)} check(s) errored: " + "; ".join(
-                f"{c.nodeid}: {c.message}" for c in errored[:3]
+            release = self.engine_release()
+            return "incomplete", f"{len(errored)} check(s) errored with engine {release}: " + (
+                "; ".join(f"{c.nodeid}: {c.message}" for c in errored[:3])
             )
         if "pass" not in statuses:
             return "incomplete", "no check ran"
@@ -270,6 +291,7 @@ class HarnessSession:
         return Report(
             verdict=verdict,
             reason=reason,
+            fix=self.fix() if verdict == "incomplete" else None,
             created=self._started.isoformat(timespec="seconds"),
             command=self.command,
             seed=self.seed,
@@ -285,6 +307,18 @@ class HarnessSession:
             checks=self.checks,
             timing=self._timing(),
             rl=self.rl,
+        )
+
+    def fix(self) -> str:
+        """What to do about an incomplete run: the crashed component's own fix, else where the
+        traceback of the fault that stopped it is."""
+        if self.crash_fix:
+            return self.crash_fix
+        if self.crash or self.interrupted:
+            return "rerun once the cause is fixed; a crashed or hung engine's log says why"
+        return (
+            "a harness/adapter fault: report it with its traceback, logged in results.jsonl "
+            '(event "fault")'
         )
 
     def _timing(self) -> Timing:
@@ -305,6 +339,14 @@ class HarnessSession:
             path = self.report_dir / "report.json"
             path.write_text(json.dumps(report.to_json(), indent=1, default=str) + "\n")
         return report
+
+
+#: ``info()`` keys that carry the release of the package an engine runs on
+RELEASE_KEYS = ("version", "vllm", "sglang", "transformers")
+
+
+def format_traceback(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc))
 
 
 def _hashable(value: Any) -> Any:

@@ -141,8 +141,9 @@ def _conclude(report: dict[str, Any], out: Path) -> int:
     print(f"tim-conformance: report {out / 'report.html'}, certificate {out / 'certificate.json'}")
     if verdict == "incomplete":
         raise EngineCrashed(
-            f"run incomplete: {report['reason']}; partial results kept in {out / 'results.jsonl'}",
-            "rerun certify once the cause is fixed; a crashed or hung engine's log says why",
+            f"run incomplete: {report['reason']}; report kept in {out / 'report.json'}, "
+            f"log in {out / 'results.jsonl'}",
+            report.get("fix") or "rerun certify once the cause is fixed",
         )
     print(f"tim-conformance: verdict {'CERTIFIED' if verdict == 'pass' else 'NOT CERTIFIED'}")
     return 0 if verdict == "pass" else 1

@@ -183,6 +183,9 @@ class Report(Record):
     schema: int = SCHEMA
     verdict: Verdict
     reason: str | None = None
+    #: what to do about an ``incomplete`` run: the fix the failing component named, or where
+    #: the traceback of a harness/adapter fault is logged
+    fix: str | None = None
     created: str
     command: str
     seed: int

@@ -1,0 +1,70 @@
+"""Refusals and faults are one line: an engine that refuses its precision at start, and an
+adapter whose answers make the harness's own code raise, each end ``incomplete`` (exit 2) with
+one line naming the component, the reason and the fix; report.json is kept and the traceback is
+in results.jsonl only."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BYOE = "tests.support.byoe_engines:"
+
+
+def certify(*args: str, env: dict[str, str], out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "conformance", "certify", "--out", str(out), *args],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=900,
+    )  # fmt: skip
+
+
+def one_line(result: subprocess.CompletedProcess[str]) -> str:
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    assert "Traceback" not in output and "Error in" not in output, output[-3000:]
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    return line
+
+
+def events(out: Path, kind: str) -> list[dict]:
+    lines = (out / "results.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == kind]
+
+
+def test_an_engine_refusing_its_dtype_at_start_is_one_line_and_keeps_the_report(tmp_path, cli_env):
+    out = tmp_path / "run"
+    result = certify(
+        "--engine", BYOE + "Fp32Only", "--engine-dtype", "bfloat16", env=cli_env, out=out
+    )
+    line = one_line(result)
+    # the component (its name and class), the reason, and the engine's own fix
+    assert "engine 'tests.support.byoe_engines:Fp32Only'" in line
+    assert "(tests.support.byoe_engines.Fp32Only) refused to start" in line
+    assert "no bfloat16 kernels" in line and "fix: run it with --engine-dtype float32" in line
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "incomplete"
+    assert report["fix"] == "run it with --engine-dtype float32"
+    (crash,) = events(out, "crash")
+    assert "Traceback" in crash["traceback"] and "UsageError" in crash["traceback"]
+
+
+def test_an_adapter_fault_in_harness_code_is_one_line_naming_it(tmp_path, cli_env):
+    out = tmp_path / "run"
+    result = certify(
+        "--engine", BYOE + "NoneFirstLogprob", "--suite", "rollout_parity", env=cli_env, out=out
+    )
+    line = one_line(result)
+    import transformers
+
+    assert "harness/adapter fault: TypeError" in line
+    # the engine release it happened with, and where the traceback is
+    assert f"(transformers {transformers.__version__})" in line
+    assert str(out / "results.jsonl") in line and 'event "fault"' in line
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "incomplete" and "harness/adapter fault" in report["reason"]
+    (fault,) = events(out, "fault")
+    assert fault["nodeid"].endswith("test_rollout_parity")
+    assert "Traceback" in fault["traceback"] and "TypeError" in fault["traceback"]
