@@ -54,12 +54,29 @@ def stable_stack(stack: Mapping[str, Any]) -> dict[str, Any]:
     return stable
 
 
-def build_certificate(report: Report, report_sha256: str) -> dict[str, Any]:
-    """The certificate for a report whose file's bytes hash to ``report_sha256``."""
+def build_certificate(
+    report: Report,
+    report_sha256: str,
+    *,
+    selected: list[str] | None = None,
+    stack_args: list[str] | None = None,
+) -> dict[str, Any]:
+    """The certificate for a report whose file's bytes hash to ``report_sha256``.
+
+    ``selected`` names the suites a run was limited to (``certify --suite``; ``None``: all of
+    them). Only a run of every suite certifies the stack: a passing run of some suites is
+    recorded with ``scope: "suites"`` and ``certified: false``, so that nothing that reads
+    ``certified`` takes one property for the whole stack. ``stack_args`` are the certify flags
+    that rebuild the stack, which ``certify --check`` uses when it is given none.
+    """
+    scope = "stack" if selected is None else "suites"
     return {
         "certificate_schema": CERTIFICATE_SCHEMA,
         "verdict": report.verdict,
-        "certified": report.verdict == "pass",
+        "certified": report.verdict == "pass" and scope == "stack",
+        "scope": scope,
+        "suites": list(report.suites()),
+        "stack_args": stack_args,
         "fingerprint": report.stack["fingerprint"],
         "stack": stable_stack(report.stack),
         "profile": {"name": report.profile.name, "thresholds": report.profile.thresholds},
@@ -76,12 +93,13 @@ def build_certificate(report: Report, report_sha256: str) -> dict[str, Any]:
     }
 
 
-def write_certificate(report_path: Path, out: Path) -> dict[str, Any]:
-    """Write ``out`` (certificate.json) for the report at ``report_path``; return its content."""
+def write_certificate(report_path: Path, out: Path, **scope: Any) -> dict[str, Any]:
+    """Write ``out`` (certificate.json) for the report at ``report_path``; return its content.
+    ``scope``: ``selected`` and ``stack_args``, as :func:`build_certificate` takes them."""
     report_path = Path(report_path)
     report = load_report(report_path)
     digest = hashlib.sha256(report_path.read_bytes()).hexdigest()
-    certificate = build_certificate(report, digest)
+    certificate = build_certificate(report, digest, **scope)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(certificate, indent=2, sort_keys=True) + "\n", "utf-8")
@@ -111,6 +129,16 @@ def load_certificate(cert_path: Path) -> dict[str, Any]:
             "pass the certificate.json certify wrote",
         )
     return certificate
+
+
+def certified_stack_args(certificate: Mapping[str, Any]) -> list[str]:
+    """The certify flags of the stack a certificate names: those it recorded, or, for one
+    written before it recorded them, its engine, backend, dtypes and logprobs kind."""
+    if certificate.get("stack_args") is not None:
+        return list(certificate["stack_args"])
+    stack = certificate["stack"]
+    flags = ("engine", "backend", "engine_dtype", "backend_dtype", "logprobs")
+    return [a for f in flags if f in stack for a in (f"--{f.replace('_', '-')}", str(stack[f]))]
 
 
 def check_certificate(cert_path: Path, stack: Mapping[str, Any]) -> CertificateCheck:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 from conformance.metric_table import HEADLINE_METRICS
@@ -28,8 +29,12 @@ def verdict_lines(report: Report, report_dir: Path | None) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
     if skipped:
-        reasons = sorted({c.message for c in skipped})
-        lines.append(f"skipped {len(skipped)}: {'; '.join(reasons[:3])}")
+        # every distinct reason, once each: a skip hides a property from the verdict
+        reasons = Counter(c.message for c in skipped)
+        lines.append(f"skipped {len(skipped)}:")
+        lines += [
+            f"  {r}" + (f" ({n} checks)" if n > 1 else "") for r, n in sorted(reasons.items())
+        ]
     for check in report.checks:
         if check.status in ("fail", "error", "interrupted"):
             lines.append(f"{check.status.upper()} {check.nodeid}: {check.message}")

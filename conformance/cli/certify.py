@@ -10,7 +10,7 @@ from typing import Any
 
 from conformance import env
 from conformance.errors import EngineCrashed, UsageError
-from conformance.options import add_stack_options, pyproject_table, resolve
+from conformance.options import STACK_OPTIONS, add_stack_options, pyproject_table, resolve
 from conformance.rl.options import add_training_options, pytest_args, training_values
 
 #: the suites shipped next to the package (a clone installed with ``pip install -e .``)
@@ -65,7 +65,8 @@ def add_parser(subparsers: Any) -> None:
         type=Path,
         default=None,
         metavar="CERTIFICATE",
-        help="do not run the suites: say whether the current stack is the certified one",
+        help="do not run the suites: say whether the current stack is the certified one (with "
+        "no stack options, the stack the certificate names; with some, the stack they give)",
     )
     parser.set_defaults(func=run)
 
@@ -73,7 +74,11 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from conformance.stack import StackSpec
 
-    values = resolve(vars(args), pyproject_table(Path.cwd()))
+    if args.check is not None and not _stack_given(args):
+        # the stack the certificate names, not the default one
+        values = resolve(vars(_certified_args(args.check)))
+    else:
+        values = resolve(vars(args), pyproject_table(Path.cwd()))
     spec = StackSpec.from_options(values)
     spec.preflight()
     if args.check is not None:
@@ -89,7 +94,33 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("RL training options without --rl-smoke", "add --rl-smoke or drop them")
     extra = ["--tim-rl-smoke", *pytest_args(vars(args))] if args.rl_smoke else []
     report = _run_suites(spec, _suite_paths(args.suites, args.suite), out, seed, extra)
-    return _conclude(report, out)
+    return _conclude(report, out, _selected(args.suites, args.suite), _stack_args(spec))
+
+
+def _stack_given(args: argparse.Namespace) -> bool:
+    """Whether the command line names any stack option."""
+    return any(getattr(args, o.dest) not in (None, []) for o in STACK_OPTIONS)
+
+
+def _certified_args(certificate: Path) -> argparse.Namespace:
+    from conformance.certificate import certified_stack_args, load_certificate
+    from conformance.cli import make_parser
+
+    flags = certified_stack_args(load_certificate(certificate))
+    return make_parser("certify").parse_args(["certify", *flags])
+
+
+def _stack_args(spec: Any) -> list[str]:
+    """certify's flags for the stack (pytest's ``--tim-NAME`` is certify's ``--NAME``)."""
+    return [
+        a.replace("--tim-", "--", 1) if a.startswith("--tim-") else a for a in spec.pytest_args()
+    ]
+
+
+def _selected(folder: Path, names: list[str]) -> list[str] | None:
+    """The suites ``--suite`` limited the run to; ``None`` when it ran every suite."""
+    available = {p.stem.removeprefix("test_") for p in folder.glob("test_*.py")}
+    return sorted(set(names)) if names and not available <= set(names) else None
 
 
 def _suite_paths(folder: Path, names: list[str]) -> list[Path]:
@@ -133,10 +164,14 @@ def _run_suites(
     return json.loads(report_path.read_text())
 
 
-def _conclude(report: dict[str, Any], out: Path) -> int:
+def _conclude(
+    report: dict[str, Any], out: Path, selected: list[str] | None, stack_args: list[str]
+) -> int:
     from conformance.certificate import write_certificate
 
-    write_certificate(out / "report.json", out / "certificate.json")
+    write_certificate(
+        out / "report.json", out / "certificate.json", selected=selected, stack_args=stack_args
+    )
     verdict = report["verdict"]
     print(f"tim-conformance: report {out / 'report.html'}, certificate {out / 'certificate.json'}")
     if verdict == "incomplete":
@@ -145,6 +180,14 @@ def _conclude(report: dict[str, Any], out: Path) -> int:
             f"log in {out / 'results.jsonl'}",
             report.get("fix") or "rerun certify once the cause is fixed",
         )
+    if verdict == "pass" and selected is not None:
+        # a pass of some properties is no certificate of the stack
+        print(
+            f"tim-conformance: verdict PASSED on suite(s) {', '.join(selected)} only — not a "
+            "certificate of the stack (certificate.json: certified false; run every suite to "
+            "certify it)"
+        )
+        return 0
     print(f"tim-conformance: verdict {'CERTIFIED' if verdict == 'pass' else 'NOT CERTIFIED'}")
     return 0 if verdict == "pass" else 1
 

@@ -26,7 +26,7 @@ from .reports import make_report
 #: bfloat16 --profile fp32 --examples 3 --shrink-seconds 5``), its token samples cut to 40
 REAL = Path(__file__).parent / "data" / "schema1-bf16-prefill.json"
 #: the fields early schema-1 files lack, per report and per check
-LATER = ("depth", "timing")
+LATER = ("depth", "timing", "fix")
 LATER_PER_CHECK = ("shrink", "seconds", "worst_case_metrics", "tokens")
 LATER_PER_PROFILE = ("min_pooled_tokens",)
 

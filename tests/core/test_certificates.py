@@ -1,0 +1,58 @@
+"""Certificates mean what they say: only a run of every suite certifies a stack, every
+certificate lists the suites it covers, ``certify --check CERT`` alone checks the stack the
+certificate names, and every skip reason reaches the terminal."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SUITES = sorted(p.stem.removeprefix("test_") for p in (REPO / "suites").glob("test_*.py"))
+
+
+def certify(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "conformance", "certify", *args],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=900,
+    )  # fmt: skip
+
+
+def test_a_run_of_some_suites_is_no_certificate_and_check_reads_its_stack(tmp_path, cli_env):
+    out = tmp_path / "run"
+    engine = "tests.support.byoe_engines:Fp32Only"
+    run = certify(
+        "--engine", engine, "--suite", "rollout_parity", "--examples", "3", "--out", str(out),
+        env=cli_env,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "not a certificate of the stack" in run.stdout and "verdict CERTIFIED" not in run.stdout
+    certificate = json.loads((out / "certificate.json").read_text())
+    assert certificate["verdict"] == "pass"
+    assert certificate["certified"] is False and certificate["scope"] == "suites"
+    assert certificate["suites"] == ["rollout_parity"]
+    # no stack options: the certificate's own stack (a non-default engine) is the one checked
+    check = certify("--check", str(out / "certificate.json"), env=cli_env)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "is the one certified" in check.stdout
+    # stack options given: that stack is checked against it
+    other = certify(
+        "--check", str(out / "certificate.json"), "--engine", "hf-generate", env=cli_env
+    )
+    assert other.returncode == 1 and f"certified '{engine}', now 'hf-generate'" in other.stdout
+
+
+def test_a_full_run_certifies_lists_its_suites_and_every_skip_reason(tmp_path, cli_env):
+    out = tmp_path / "run"
+    run = certify("--examples", "2", "--out", str(out), env=cli_env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    certificate = json.loads((out / "certificate.json").read_text())
+    assert certificate["certified"] is True and certificate["scope"] == "stack"
+    assert sorted(certificate["suites"]) == SUITES
+    report = json.loads((out / "report.json").read_text())
+    reasons = {c["message"] for c in report["checks"] if c["status"] == "skip"}
+    assert len(reasons) > 3, reasons
+    missing = [reason for reason in reasons if reason not in run.stdout]
+    assert not missing, missing
