@@ -8,7 +8,9 @@ several knobs at once (``conformance.knobs.cover``). A variant scores the same s
 session's engine, and samples rollouts that the session's engine rescores, within the active
 profile. Rollouts run twice so that, with prefix caching on, the second pass reads its prompts
 from the cache: a cache hit must not change logprobs beyond the profile. A variant that fails
-replays its minimal case on engines holding parts of its knobs, so the failure names the knob.
+replays its minimal case on the session's engine first (the control: a case the unmodified engine
+fails too is the engine's defect, reported as such, not a knob's), then on engines holding parts
+of its knobs, so the failure names the knob.
 A rollout a variant cannot sample (vLLM on CPU cannot seed a prefill its budget splits into
 chunks) leaves that example scored only, and the passing check says how many did.
 """
@@ -81,16 +83,27 @@ def test_knobs_keep_logprobs(index, tim, engine, model, depth, recorder):
     try:
         recorder.run(knobs_keep_logprobs)
     except ProfileViolation as violation:
+        found = first_line(violation).partition(": ")[2]
 
-        def fails(part):
-            started = tim.engine_variant(**with_requirements(part, engine.knobs()))
+        def fails(started):
             rows = compare(engine, started, last["prompts"], last["spec"], [])
             return any(recorder.violations(t, i, per_example=True) for t, i, _ in rows)
 
-        culprit = smallest_failing(knobs, fails)
+        if fails(engine):
+            # the control: the engine with no knob changed fails the same case, so the defect is
+            # the engine's own (a knob it ignores changes nothing) and no knob is blamed
+            recorder.case(last["prompts"], last["shape"], last["spec"], knobs={})
+            recorder.fail(
+                f"the engine itself, no knob changed, fails this case: {found} (an engine "
+                f"defect, not a knob's; variant {knobs} fails it too)"
+            )
+
+        def part_fails(part):
+            return fails(tim.engine_variant(**with_requirements(part, engine.knobs())))
+
+        culprit = smallest_failing(knobs, part_fails)
         recorder.case(last["prompts"], last["shape"], last["spec"], knobs=culprit)
         named = ", ".join(f"{k}={v}" for k, v in culprit.items())
-        found = first_line(violation).partition(": ")[2]
         recorder.fail(f"{named} changes logprobs: {found} (variant {knobs})")
     if unsampled:
         recorder.remark(

@@ -7,12 +7,14 @@ Plug one in as ``--engine tests.support.byoe_engines:Fp32Only`` from the reposit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
-from conformance.engines.base import Completion, EngineConfig, SamplingSpec
+from conformance.engines.base import Completion, EngineConfig, Knob, SamplingSpec
 from conformance.engines.hf_generate import HFGenerateEngine
 from conformance.errors import UsageError
+
+from .engines import UnmaskedPadding
 
 
 class Fp32Only(HFGenerateEngine):
@@ -40,3 +42,13 @@ class NoneFirstLogprob(HFGenerateEngine):
         for completion in completions:
             completion.logprobs = [None, *completion.logprobs[1:]]  # type: ignore[list-item]
         return completions
+
+
+class IgnoredKnobBatchingDefect(UnmaskedPadding):
+    """Declares a ``max_batch_size`` knob that its ``generate`` ignores, over a batching defect
+    of its own (padding a batch without masking it): run one prompt at a time, as the knob says,
+    and the defect would vanish; ignored, every variant has it, as the engine itself does."""
+
+    name = "ignored-knob-batching-defect"
+    OPTIONS: ClassVar[Mapping[str, str]] = {**UnmaskedPadding.OPTIONS, "max_batch_size": "64"}
+    KNOBS: ClassVar[Mapping[str, Knob]] = {"max_batch_size": Knob(("1",))}
