@@ -26,6 +26,12 @@ class ProfileError(ConformanceError):
     """An unknown or malformed tolerance profile."""
 
 
+class Unsupported(ConformanceError, NotImplementedError):
+    """A capability an engine or backend declares it lacks: a precision or log-prob kind it
+    refuses at start, or a call it cannot serve (``load_weights``, ``top_logprobs``). The
+    harness skips what needs it, with this reason; at start it ends the run in one line."""
+
+
 class EngineUnavailable(ConformanceError):
     """An engine or backend whose package is not installed, or a server that does not answer."""
 

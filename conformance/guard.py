@@ -18,7 +18,7 @@ from typing import Any
 from conformance.errors import EngineCrashed, UsageError
 
 #: attributes that are answered by the component itself, never guarded or timed
-_UNGUARDED = frozenset({"info", "knobs", "close", "name", "config", "options"})
+_UNGUARDED = frozenset({"info", "artefacts", "knobs", "close", "name", "config", "options"})
 
 
 class CallTimedOut(Exception):

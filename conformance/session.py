@@ -156,6 +156,10 @@ class HarnessSession:
             deadline_s=self.spec.call_timeout,
         )
         info = guarded.info()
+        # an engine's own artefacts (converted weights, compiled graphs) join its fingerprint
+        artefacts = dict(getattr(inner, "artefacts", dict)())
+        if artefacts:
+            info = {**info, "artefacts": artefacts}
         if not key:
             # kept for the report, which is written after everything has been closed
             self._infos[kind] = info

@@ -7,7 +7,9 @@ from conformance.engines.base import (
     Knob,
     LogprobKind,
     SamplingSpec,
+    TokenBatch,
 )
+from conformance.errors import Unsupported
 from conformance.registry import Registry
 
 #: how to get each engine family (also named by the engines that check their installation)
@@ -50,4 +52,6 @@ __all__ = [
     "Knob",
     "LogprobKind",
     "SamplingSpec",
+    "TokenBatch",
+    "Unsupported",
 ]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from conformance.errors import UsageError
+from conformance.errors import Unsupported, UsageError
 from conformance.parallel import ParallelSetting
 
 #: token-id sequences: the prompts of a batch, or the sequences to score
@@ -148,10 +148,17 @@ class Engine(ABC):
 
     def load_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Replace the engine's weights in place (RL weight sync)."""
-        raise NotImplementedError(
-            f"engine {self.name!r} cannot take new weights; implement load_weights() "
-            "or choose an engine that can (hf-generate, vllm, sglang)"
+        raise Unsupported(
+            f"engine {self.name!r} cannot take new weights",
+            "implement load_weights() or choose an engine that can (hf-generate, vllm, sglang)",
         )
+
+    def artefacts(self) -> Mapping[str, str]:
+        """What the engine built from the model that its numbers depend on, name → digest (a
+        converted model folder's hash, a compiled-graph cache key): recorded in the stack
+        fingerprint as ``engine_info.artefacts``, so a certificate pins them and ``certify
+        --check`` sees them change. None by default."""
+        return {}
 
     def knobs(self) -> Mapping[str, Knob]:
         """The knobs this engine can vary: its class's ``KNOBS`` (none where the engine cannot
