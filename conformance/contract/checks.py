@@ -78,10 +78,11 @@ class Subject:
         logprobs: LogprobKind = LogprobKind.RAW,
         twin: bool = False,
         instance: str = "",
+        skip: bool = True,
     ) -> Any:
         """The engine in this configuration, started once (another ``instance`` starts another
         one); a configuration it refuses as unsupported skips the calling check with the
-        engine's reason."""
+        engine's reason (with ``skip`` false: gives ``None``)."""
         name = self.twin if twin else self.name
         assert name is not None
         key = (name, dtype, logprobs, instance)
@@ -99,12 +100,14 @@ class Subject:
         except EngineUnavailable as exc:
             if isinstance(exc.__cause__, Unsupported):
                 self._sessions.pop(key)
+                if not skip:
+                    return None
                 pytest.skip(f"engine {name!r} declares: {exc.__cause__}")
             raise
 
-    def forget(self, *, instance: str = "") -> None:
-        """Close and drop an fp32 engine (a check that killed or closed it)."""
-        self._sessions.pop((self.name, "float32", LogprobKind.RAW, instance)).close()
+    def forget(self, *, dtype: str = "float32", instance: str = "") -> None:
+        """Close and drop an engine (a check that killed or closed it)."""
+        self._sessions.pop((self.name, dtype, LogprobKind.RAW, instance)).close()
 
     def close(self) -> None:
         for session in self._sessions.values():
@@ -337,13 +340,18 @@ def test_processed_logprobs_carry_the_temperature_signature(
     assert metrics(raw, processed)["abs_diff_mean"] > 100 * to_scaled
 
 
-# -- the end of an engine: one of its own, so the other checks keep theirs ----------------------
+# -- the end of an engine: not the fp32 one the other checks use --------------------------------
 def test_close_is_idempotent_and_the_guard_refuses_calls_after_it(
     subject: Subject, sequences
 ) -> None:
-    engine = subject.engine(instance="closed")
+    # the bf16 engine the precision control started, else an fp32 engine of its own
+    dtype, instance = "bfloat16", ""
+    engine = subject.engine(dtype=dtype, skip=False)
+    if engine is None:
+        dtype, instance = "float32", "closed"
+        engine = subject.engine(instance=instance)
     engine.close()
     engine.close()
     with pytest.raises(EngineCrashed, match="closed"):
         engine.score(sequences[:1])
-    subject.forget(instance="closed")
+    subject.forget(dtype=dtype, instance=instance)

@@ -216,7 +216,9 @@ def sync(engine: Engine, state: dict[str, torch.Tensor] | Any) -> None:
     try:
         engine.load_weights(state)
     except NotImplementedError as exc:
-        raise UsageError(str(exc), "run rl-smoke with an engine that has load_weights") from exc
+        # an Unsupported names its own fix, which is not the one for rl-smoke
+        problem = getattr(exc, "problem", str(exc))
+        raise UsageError(problem, "run rl-smoke with an engine that has load_weights") from exc
 
 
 def trained(call: Any, *args: Any, **kwargs: Any) -> Any:
