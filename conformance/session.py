@@ -19,7 +19,7 @@ from conformance.backends import BACKENDS, Backend
 from conformance.engines import ENGINES, Engine
 from conformance.errors import ConformanceError, EngineCrashed, EngineUnavailable
 from conformance.guard import CallTimedOut, Guarded, deadline
-from conformance.outcome import Outcome, first_line
+from conformance.outcome import FAULT, Outcome, first_line
 from conformance.recorder import CheckRecord, Recorder
 from conformance.report.schema import Check, ProfileInfo, Report, Shrink, Stack, Timing
 from conformance.stack import StackSpec, fingerprint
@@ -318,12 +318,12 @@ class HarnessSession:
         traceback of the fault that stopped it is."""
         if self.crash_fix:
             return self.crash_fix
-        if self.crash or self.interrupted:
-            return "rerun once the cause is fixed; a crashed or hung engine's log says why"
-        return (
-            "a harness/adapter fault: report it with its traceback, logged in results.jsonl "
-            '(event "fault")'
-        )
+        faulted = any(c.status == "error" and c.message.startswith(FAULT) for c in self.checks)
+        if faulted and not (self.crash or self.interrupted):
+            return (
+                f'a {FAULT}: report it with its traceback, logged in results.jsonl (event "fault")'
+            )
+        return "rerun once the cause is fixed; a crashed or hung engine's log says why"
 
     def _timing(self) -> Timing:
         """Wall time of the run, the seconds the engines and backends spent starting and

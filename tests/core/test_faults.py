@@ -65,6 +65,7 @@ def test_an_adapter_fault_in_harness_code_is_one_line_naming_it(tmp_path, cli_en
     assert str(out / "results.jsonl") in line and 'event "fault"' in line
     report = json.loads((out / "report.json").read_text())
     assert report["verdict"] == "incomplete" and "harness/adapter fault" in report["reason"]
+    assert report["fix"].startswith("a harness/adapter fault: report it with its traceback")
     (fault,) = events(out, "fault")
     assert fault["nodeid"].endswith("test_rollout_parity")
     assert "Traceback" in fault["traceback"] and "TypeError" in fault["traceback"]
