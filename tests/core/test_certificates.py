@@ -1,6 +1,6 @@
-"""Certificates mean what they say: only a run of every suite certifies a stack, every
-certificate lists the suites it covers, ``certify --check CERT`` alone checks the stack the
-certificate names, and every skip reason reaches the terminal."""
+"""Certificates mean what they say: a run of some suites is no certificate of the stack, and
+``certify --check CERT`` alone checks the stack the certificate names. (A full run's certificate,
+the suites it lists and the skip reasons on the terminal: ``test_certify.py``'s default run.)"""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SUITES = sorted(p.stem.removeprefix("test_") for p in (REPO / "suites").glob("test_*.py"))
 
 
 def certify(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -42,17 +41,3 @@ def test_a_run_of_some_suites_is_no_certificate_and_check_reads_its_stack(tmp_pa
         "--check", str(out / "certificate.json"), "--engine", "hf-generate", env=cli_env
     )
     assert other.returncode == 1 and f"certified '{engine}', now 'hf-generate'" in other.stdout
-
-
-def test_a_full_run_certifies_lists_its_suites_and_every_skip_reason(tmp_path, cli_env):
-    out = tmp_path / "run"
-    run = certify("--examples", "2", "--out", str(out), env=cli_env)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    certificate = json.loads((out / "certificate.json").read_text())
-    assert certificate["certified"] is True and certificate["scope"] == "stack"
-    assert sorted(certificate["suites"]) == SUITES
-    report = json.loads((out / "report.json").read_text())
-    reasons = {c["message"] for c in report["checks"] if c["status"] == "skip"}
-    assert len(reasons) > 3, reasons
-    missing = [reason for reason in reasons if reason not in run.stdout]
-    assert not missing, missing

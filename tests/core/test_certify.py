@@ -13,6 +13,7 @@ import pytest
 from conformance.metric_table import metric
 
 FAST = ["--examples", "4"]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def certify(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -52,7 +53,15 @@ def test_default_stack_is_certified(tmp_path, cli_env):
     assert sum(e["event"] == "measurement" for e in events) >= sum(
         c["examples_run"] for c in report["checks"]
     )
-    assert (out / "report.html").is_file() and (out / "certificate.json").is_file()
+    assert (out / "report.html").is_file()
+    # a run of every suite certifies the stack, and its certificate lists them
+    certificate = json.loads((out / "certificate.json").read_text())
+    assert certificate["certified"] is True and certificate["scope"] == "stack"
+    suites = sorted(p.stem.removeprefix("test_") for p in (REPO / "suites").glob("test_*.py"))
+    assert sorted(certificate["suites"]) == suites
+    # every distinct skip reason reaches the terminal (the summary once listed 3)
+    reasons = {c["message"] for c in report["checks"] if c["status"] == "skip"}
+    assert len(reasons) > 3 and all(reason in result.stdout for reason in reasons), reasons
 
 
 def test_a_sound_stack_passes_even_one_example(tmp_path, cli_env):
