@@ -1,7 +1,8 @@
 """The engine contract's checks, against the real engine and the transformers fp32 forward.
 
 Protocol: options refused in one line, score and generate shapes and alignment, top-k
-log-probs, seeds where the engine says it is seeded, ``load_weights`` where offered, ``info()``,
+log-probs, seeds where the engine says it is seeded, ``load_weights`` where offered, a parallel
+setting where declared, ``info()``,
 ``close`` idempotent and calls after it refused by the guard. Controls: fp32 scores within the
 fp32 profile of the fp32 backend, a bf16 engine outside it and within bf16's, raw log-probs at
 any temperature, processed log-probs flagged by their temperature signature.
@@ -37,6 +38,7 @@ __all__ = [
     "hf",
     "sequences",
     "test_a_bf16_engine_fails_the_fp32_profile_and_passes_bf16",
+    "test_a_parallel_setting_is_an_option_the_engine_takes_and_reports",
     "test_a_seed_reproduces_the_rollouts",
     "test_an_unknown_option_is_one_line_naming_it",
     "test_close_is_idempotent_and_the_guard_refuses_calls_after_it",
@@ -291,6 +293,19 @@ def test_info_names_the_engine_and_is_json(subject: Subject) -> None:
     artefacts = dict(engine.inner.artefacts())
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in artefacts.items()), (
         "artefacts() must map names to digests (strings)"
+    )
+
+
+def test_a_parallel_setting_is_an_option_the_engine_takes_and_reports(subject: Subject) -> None:
+    engine_class = ENGINES.get(subject.name)
+    setting = engine_class.parallel
+    if setting is None:
+        pytest.skip(f"engine {subject.name!r} declares no parallel setting (parallel = None)")
+    # the harness sets it as an option, and reads its size back from info() for the fingerprint
+    engine_class.check_options({setting.option: str(setting.default)})
+    info = subject.engine().info()
+    assert info.get("parallel", {}).get(setting.label) == setting.size(subject.options), (
+        f"info()['parallel'] must give {setting.label} (the base class's info() does)"
     )
 
 
