@@ -21,6 +21,7 @@ class SGLangEngine(Engine):
     name = "sglang"
     KNOBS = common.KNOBS
     parallel = common.PARALLEL
+    RELEASES = common.RELEASES
 
     @classmethod
     def check_options(cls, options: Mapping[str, str]) -> None:

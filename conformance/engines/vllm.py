@@ -27,6 +27,7 @@ class VLLMEngine(Engine):
     name = "vllm"
     KNOBS = common.KNOBS
     parallel = common.PARALLEL
+    RELEASES = common.RELEASES
 
     @classmethod
     def check_options(cls, options: Mapping[str, str]) -> None:

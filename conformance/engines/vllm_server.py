@@ -37,6 +37,7 @@ class VLLMServerEngine(ServerEngine):
     name = "vllm-server"
     KNOBS = common.KNOBS
     parallel = common.PARALLEL
+    RELEASES = common.RELEASES
     label = "vLLM server"
     launch_hint = f"python -m {internals.API_SERVER_MODULE}"
     start_timeout = VLLM_START_TIMEOUT
