@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 from support.engine_tests import needs, started
 
-from conformance.engines import SamplingSpec
+from conformance.engines import SamplingSpec, _vllm_common
+from conformance.engines import _sglang_internals as sglang_internals
 from conformance.engines import _vllm_internals as vllm_internals
+from conformance.engines._sglang_common import sglang_version
 from conformance.engines._vllm_common import vllm_version
 
 
@@ -43,6 +45,17 @@ def test_a_client_finalizer_is_detached_so_collecting_it_tears_nothing_down() ->
     assert torn_down == []
 
 
+def test_an_sglang_engine_without_a_watchdog_is_detached_without_error() -> None:
+    """An ``sglang.Engine`` whose release has no subprocess watchdog (or never registered its
+    atexit shutdown): nothing to stop, and no error."""
+
+    class Released(_Held):
+        def shutdown(self) -> None:
+            raise AssertionError("detach must never shut the engine down")
+
+    assert sglang_internals.detach(Released()) is False
+
+
 def test_an_engine_without_the_internals_is_released_and_shut_down_without_error() -> None:
     """An ``LLM`` whose release moved ``llm_engine.engine_core``: close degrades, never raises."""
     llm = _Held()
@@ -53,11 +66,18 @@ def test_an_engine_without_the_internals_is_released_and_shut_down_without_error
 
 
 # -- against the installed vLLM --------------------------------------------------------------
-def on_vllm(test: Any) -> Any:
-    """The vllm marker (``-m vllm``) and a skip where vLLM is not installed."""
-    for mark in needs("vllm"):
-        test = mark(test)
-    return test
+def on(package: str) -> Any:
+    """The package's marker (``-m vllm``) and a skip where it is not installed."""
+
+    def marked(test: Any) -> Any:
+        for mark in needs(package):
+            test = mark(test)
+        return test
+
+    return marked
+
+
+on_vllm, on_sglang = on("vllm"), on("sglang")
 
 
 def _release(version: str | None) -> tuple[int, ...]:
@@ -110,3 +130,25 @@ def test_closing_one_engine_leaves_the_other_sampling(two_engines) -> None:
     after = second.generate([[5, 6, 7, 8]], spec)[0]
     assert after.tokens == before.tokens and after.logprobs == before.logprobs
     second.close()
+
+
+@on_vllm
+def test_the_environment_variables_set_for_vllm_are_ones_it_reads(tmp_path: Path) -> None:
+    import vllm.envs
+
+    names = _vllm_common.environment(str(tmp_path), enforce_eager=True, tensor_parallel_size=1)
+    assert {n for n in names if n.startswith("VLLM_")} <= set(vllm.envs.environment_variables)
+
+
+# -- against the installed SGLang -------------------------------------------------------------
+@on_sglang
+def test_an_sglang_engine_is_detached_from_its_watchdog_and_its_children_stopped(
+    default_model: Path,
+) -> None:
+    """0.5.23 has the subprocess watchdog ``close`` stops before it stops the engine's own
+    scheduler processes; afterwards none of them is left."""
+    with started("sglang", default_model) as engine:
+        children = list(engine._children)
+        assert children and all(child.is_running() for child in children)
+        assert sglang_internals.subprocess_watchdog(engine._engine) is not None, sglang_version()
+    assert not [child for child in children if child.is_running()]
