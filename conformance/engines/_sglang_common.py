@@ -59,8 +59,9 @@ OPTIONS: dict[str, Callable[[str], Any]] = {
     "tp_size": parse_positive_int,
 }
 
-#: measured on its CPU engine here: 0.5.23 only so far (docs/engine-versions.md)
-RELEASES = ReleaseRange("sglang", min="0.5.23", max_tested="0.5.23")
+#: measured on its CPU engine here (docs/engine-versions.md): 0.5.22 and 0.5.23 certify; 0.5.21 and
+#: older pin another torch, transformers and sglang-kernel, and were not tried
+RELEASES = ReleaseRange("sglang", min="0.5.22", max_tested="0.5.23")
 
 #: the engines' parallel setting (see ``conformance.parallel``)
 PARALLEL = ParallelSetting(option="tp_size", label="tp_size")

@@ -145,8 +145,8 @@ def test_the_environment_variables_set_for_vllm_are_ones_it_reads(tmp_path: Path
 def test_an_sglang_engine_is_detached_from_its_watchdog_and_its_children_stopped(
     default_model: Path,
 ) -> None:
-    """0.5.23 has the subprocess watchdog ``close`` stops before it stops the engine's own
-    scheduler processes; afterwards none of them is left."""
+    """0.5.22 and 0.5.23 have the subprocess watchdog ``close`` stops before it stops the
+    engine's own scheduler processes; afterwards none of them is left."""
     with started("sglang", default_model) as engine:
         children = list(engine._children)
         assert children and all(child.is_running() for child in children)
