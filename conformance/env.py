@@ -45,9 +45,21 @@ VLLM_KV_CACHE = EnvVar(
     "GiB of KV cache per vLLM-CPU engine (vLLM's own variable, which would otherwise take most "
     "of the memory)",
 )
+ANY_RELEASE = EnvVar(
+    "TIM_ANY_RELEASE",
+    None,
+    "set to 1 to run an engine or backend release older than the oldest its adapter supports",
+)
 
 #: what the stack-running commands (certify, pytest with --tim-*) read
-STACK = (CACHE, VLLM_START_TIMEOUT, SGLANG_START_TIMEOUT, SGL_KERNEL_STANDIN, VLLM_KV_CACHE)
+STACK = (
+    CACHE,
+    VLLM_START_TIMEOUT,
+    SGLANG_START_TIMEOUT,
+    SGL_KERNEL_STANDIN,
+    VLLM_KV_CACHE,
+    ANY_RELEASE,
+)
 
 
 def help_text(variables: Iterable[EnvVar]) -> str:

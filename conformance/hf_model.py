@@ -8,10 +8,15 @@ from typing import TYPE_CHECKING
 
 from conformance.dtypes import torch_dtype
 from conformance.errors import ModelError
+from conformance.releases import ReleaseRange
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel
+
+#: the transformers releases the ``hf-generate`` engine and the ``hf``/``fsdp`` backends were
+#: measured on (docs/engine-versions.md)
+TRANSFORMERS_RELEASES = ReleaseRange("transformers", min="5.17.0", max_tested="5.24.0")
 
 
 def load_causal_lm(model: Path, dtype: str, attn_implementation: str) -> PreTrainedModel:

@@ -54,6 +54,14 @@ class Registry(Generic[T]):
         hint = entry.install_hint or f"install the package that {self.kind} {name!r} needs"
         if entry.requires and importlib.util.find_spec(entry.requires) is None:
             raise EngineUnavailable(f"{self.kind} {name!r} needs {entry.requires}", hint)
+        return self._load(name, entry, hint)
+
+    def declared(self) -> dict[str, type[T]]:
+        """Every registered class by name, imported without checking that the packages they
+        drive are installed: what they declare (``RELEASES``), e.g. for ``--help``."""
+        return {name: self._load(name, entry, "") for name, entry in self._entries.items()}
+
+    def _load(self, name: str, entry: _Entry, hint: str) -> type[T]:
         module_name, _, class_name = entry.lazy.partition(":")
         try:
             module = importlib.import_module(module_name)

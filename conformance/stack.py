@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from conformance import __version__
+from conformance import __version__, releases
 from conformance.backends import BackendConfig
 from conformance.depth import Depth, depth
 from conformance.dtypes import canonical_dtype, implied_profile
@@ -102,15 +102,19 @@ class StackSpec:
 
     def preflight(self) -> None:
         """Fail fast, before anything starts, on what the user can fix: the profile, the engine
-        and backend (installed, options they take), the model folder."""
+        and backend (installed, options they take, releases they support), the model folder."""
         from conformance.backends import BACKENDS
         from conformance.engines import ENGINES
         from conformance.models import inspect_model
         from conformance.profiles import load_profile
 
         load_profile(self.profile)
-        ENGINES.get(self.engine).check_options(self.engine_options)
-        BACKENDS.get(self.backend).check_options(self.backend_options)
+        engine, backend = ENGINES.get(self.engine), BACKENDS.get(self.backend)
+        engine.check_options(self.engine_options)
+        backend.check_options(self.backend_options)
+        # one line each, before the model is built or anything starts
+        releases.warn(releases.check(f"engine {self.engine!r}", engine.RELEASES))
+        releases.warn(releases.check(f"backend {self.backend!r}", backend.RELEASES))
         inspect_model(self.model_dir())
 
     def model_dir(self) -> Path:

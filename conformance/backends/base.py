@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from conformance.errors import UsageError
 from conformance.parallel import ParallelSetting
+from conformance.releases import ReleaseRange
 
 if TYPE_CHECKING:
     import torch
@@ -59,6 +60,8 @@ class Backend(ABC):
     name: ClassVar[str]
     #: the option that shards the model over processes, for backends that have one
     parallel: ClassVar[ParallelSetting | None] = None
+    #: the releases of the package it drives that it supports (``conformance.releases``)
+    RELEASES: ClassVar[ReleaseRange | None] = None
 
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
@@ -152,6 +155,8 @@ class Backend(ABC):
         }
         if self.parallel is not None:
             info["parallel"] = {self.parallel.label: self.parallel.size(c.options)}
+        if self.RELEASES is not None:
+            info["release"] = self.RELEASES.describe()
         return info
 
     def close(self) -> None:

@@ -37,6 +37,7 @@ from conformance.backends._ranks import RankGroup
 from conformance.backends.base import Backend, BackendConfig, Recompute
 from conformance.engines._options import parse_engine_options, parse_positive_int
 from conformance.errors import UsageError
+from conformance.hf_model import TRANSFORMERS_RELEASES
 from conformance.parallel import ParallelSetting
 
 if TYPE_CHECKING:
@@ -76,6 +77,7 @@ def shares(count: int, world_size: int) -> list[range]:
 
 class FSDPBackend(Backend):
     name = "fsdp"
+    RELEASES = TRANSFORMERS_RELEASES
     parallel = ParallelSetting(option="world_size", label="world_size", default=2)
 
     @classmethod

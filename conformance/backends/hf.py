@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from conformance.backends._layout import check_feeding, check_sequences, forward, micro_batches
 from conformance.backends.base import Backend, BackendConfig, Recompute
-from conformance.hf_model import load_causal_lm
+from conformance.hf_model import TRANSFORMERS_RELEASES, load_causal_lm
 
 if TYPE_CHECKING:
     import torch
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 class HFBackend(Backend):
     name = "hf"
+    RELEASES = TRANSFORMERS_RELEASES
 
     def __init__(self, config: BackendConfig) -> None:
         super().__init__(config)

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conformance import env
+from conformance import env, releases
 from conformance.errors import EngineCrashed, UsageError
 from conformance.options import STACK_OPTIONS, add_stack_options, pyproject_table, resolve
 from conformance.rl.options import add_training_options, pytest_args, training_values
@@ -28,12 +28,16 @@ examples:
 
 
 def add_parser(subparsers: Any) -> None:
+    from conformance.backends import BACKENDS
+    from conformance.engines import ENGINES
+
+    supported = releases.help_text({"engine": ENGINES.declared(), "backend": BACKENDS.declared()})
     parser = subparsers.add_parser(
         "certify",
         help="run the conformance suites on a stack and certify it",
         description="Run the conformance suites (pytest, in-process) on an engine + backend + "
         "model + dtype stack; write report.json, report.html and certificate.json.",
-        epilog=EPILOG + env.help_text(env.STACK),
+        epilog=EPILOG + supported + env.help_text(env.STACK),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_stack_options(parser.add_argument, prefix="")

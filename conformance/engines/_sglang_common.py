@@ -35,6 +35,7 @@ from conformance.engines.base import (
 from conformance.env import SGL_KERNEL_STANDIN
 from conformance.errors import EngineUnavailable, UsageError
 from conformance.parallel import ParallelSetting
+from conformance.releases import ReleaseRange
 
 log = logging.getLogger("conformance.engines.sglang")
 
@@ -57,6 +58,10 @@ OPTIONS: dict[str, Callable[[str], Any]] = {
     "enable_deterministic_inference": parse_bool,
     "tp_size": parse_positive_int,
 }
+
+#: measured on its CPU engine here (docs/engine-versions.md): 0.5.22 and 0.5.23 certify; 0.5.21 and
+#: older pin another torch, transformers and sglang-kernel, and were not tried
+RELEASES = ReleaseRange("sglang", min="0.5.22", max_tested="0.5.23")
 
 #: the engines' parallel setting (see ``conformance.parallel``)
 PARALLEL = ParallelSetting(option="tp_size", label="tp_size")

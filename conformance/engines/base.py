@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from conformance.errors import Unsupported, UsageError
 from conformance.parallel import ParallelSetting
+from conformance.releases import ReleaseRange
 
 #: token-id sequences: the prompts of a batch, or the sequences to score
 TokenBatch = Sequence[Sequence[int]]
@@ -117,6 +118,9 @@ class Engine(ABC):
     KNOBS: ClassVar[Mapping[str, Knob]] = {}
     #: the option that splits the model over devices, for engines that have one
     parallel: ClassVar[ParallelSetting | None] = None
+    #: the releases of the package it drives that it supports (``conformance.releases``):
+    #: ``certify`` refuses older ones and warns on newer ones before anything starts
+    RELEASES: ClassVar[ReleaseRange | None] = None
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -174,6 +178,8 @@ class Engine(ABC):
         }
         if self.parallel is not None:
             info["parallel"] = {self.parallel.label: self.parallel.size(self.config.options)}
+        if self.RELEASES is not None:
+            info["release"] = self.RELEASES.describe()
         return info
 
     def close(self) -> None:

@@ -18,11 +18,12 @@ from conformance.engines.base import (
     TokenBatch,
 )
 from conformance.errors import UsageError
-from conformance.hf_model import device, gather_logprobs, load_causal_lm
+from conformance.hf_model import TRANSFORMERS_RELEASES, device, gather_logprobs, load_causal_lm
 
 
 class HFGenerateEngine(Engine):
     name = "hf-generate"
+    RELEASES = TRANSFORMERS_RELEASES
     #: option → default (strings, as ``--engine-option`` gives them); subclasses add theirs
     OPTIONS: ClassVar[Mapping[str, str]] = {"attn_implementation": "sdpa"}
 

@@ -6,13 +6,13 @@ subprocess; this process holds the tokenizer-manager side. Prompts go in as toke
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 from collections.abc import Mapping
 from typing import Any
 
 from conformance.engines import _sglang_common as common
+from conformance.engines import _sglang_internals as internals
 from conformance.engines.base import Completion, Engine, EngineConfig, SamplingSpec, TokenBatch
 from conformance.errors import EngineCrashed, EngineUnavailable
 
@@ -21,6 +21,7 @@ class SGLangEngine(Engine):
     name = "sglang"
     KNOBS = common.KNOBS
     parallel = common.PARALLEL
+    RELEASES = common.RELEASES
 
     @classmethod
     def check_options(cls, options: Mapping[str, str]) -> None:
@@ -102,10 +103,7 @@ class SGLangEngine(Engine):
             return
         engine, self._engine = self._engine, None
         # SGLang registered shutdown for interpreter exit, with the same blanket kill
-        atexit.unregister(engine.shutdown)
-        watchdog = getattr(engine.tokenizer_manager, "_subprocess_watchdog", None)
-        if watchdog is not None:
-            watchdog.stop()
+        internals.detach(engine)
         for child in self._children:
             with contextlib.suppress(psutil.NoSuchProcess):
                 child.terminate()

@@ -28,6 +28,7 @@ class SGLangServerEngine(ServerEngine):
     name = "sglang-server"
     KNOBS = common.KNOBS
     parallel = common.PARALLEL
+    RELEASES = common.RELEASES
     label = "SGLang server"
     launch_hint = "python -m sglang.launch_server"
     start_timeout = SGLANG_START_TIMEOUT

@@ -10,11 +10,13 @@ import atexit
 import gc
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Mapping
 from typing import Any
 
 from conformance.engines import _vllm_common as common
+from conformance.engines import _vllm_internals as internals
 from conformance.engines.base import Completion, Engine, EngineConfig, SamplingSpec, TokenBatch
 
 #: in-process engines not yet closed (vLLM's distributed state is shared between them)
@@ -25,6 +27,7 @@ class VLLMEngine(Engine):
     name = "vllm"
     KNOBS = common.KNOBS
     parallel = common.PARALLEL
+    RELEASES = common.RELEASES
 
     @classmethod
     def check_options(cls, options: Mapping[str, str]) -> None:
@@ -49,17 +52,26 @@ class VLLMEngine(Engine):
             raise common.import_failure(exc) from exc
         self._llm: Any = LLM(**common.engine_args(config, self.options))
         _OPEN.add(id(self))
-        self._max_model_len: int = self._llm.llm_engine.model_config.max_model_len
+        self._config = internals.vllm_config(self._llm)
+        self._max_model_len: int = (
+            self._config.model_config.max_model_len
+            if self._config is not None
+            else self.options.get("max_model_len", sys.maxsize)
+        )
         self._seeded_chunk = self._prefill_chunk()
 
     def _prefill_chunk(self) -> int | None:
-        """The prefill chunk seeded CPU requests must fit in (see ``seeded_groups``)."""
-        from vllm.platforms import current_platform
-
-        scheduler = self._llm.llm_engine.vllm_config.scheduler_config
-        if not (current_platform.is_cpu() and scheduler.enable_chunked_prefill):
-            return None
-        return scheduler.max_num_batched_tokens
+        """The prefill chunk seeded CPU requests must fit in (see ``seeded_groups``): vLLM's
+        resolved budget, or where that cannot be read the one the options set."""
+        if self._config is None:
+            chunked, budget = (
+                self.options.get("enable_chunked_prefill", True),
+                self.options.get("max_num_batched_tokens"),
+            )
+        else:
+            scheduler = self._config.scheduler_config
+            chunked, budget = scheduler.enable_chunked_prefill, scheduler.max_num_batched_tokens
+        return budget if internals.is_cpu() and chunked else None
 
     def _run(self, prompts: TokenBatch, params: Any) -> list[Any]:
         from vllm.inputs import TokensPrompt
@@ -131,17 +143,16 @@ class VLLMEngine(Engine):
         parameters already repacked away). The engine runs in this process, so the tensors
         are passed by reference. Cached prefixes hold the old weights' keys and values.
         """
-        self._llm.collective_rpc(
-            "reload_weights",
-            kwargs={"weights_iterator": iter(state_dict.items()), "is_checkpoint_format": True},
-        )
+        internals.reload_weights(self._llm, state_dict.items())
         self._llm.reset_prefix_cache()
 
     def info(self) -> dict[str, Any]:
         info = super().info()
         info["vllm"] = common.vllm_version()
-        if self._llm is not None:
-            config = self._llm.llm_engine.vllm_config
+        config = self._config
+        if self._llm is not None and config is None:
+            info["knobs"] = dict(self.options)
+        elif self._llm is not None:
             info["knobs"] = {
                 "enforce_eager": config.model_config.enforce_eager,
                 "enable_chunked_prefill": config.scheduler_config.enable_chunked_prefill,
@@ -159,17 +170,14 @@ class VLLMEngine(Engine):
             return
         llm, self._llm = self._llm, None
         _OPEN.discard(id(self))
-        core = llm.llm_engine.engine_core
+        self._config = None
         if _OPEN:
             # shutdown() also tears down vLLM's process-wide distributed state, which the
             # engines still open here use: free this one's model and cache, leave the rest;
             # tensor-parallel workers are processes of this engine's own, stopped with it
-            if common.PARALLEL.size(self.options) > 1:
-                core.engine_core.model_executor.shutdown()
-            core._finalizer.detach()
-            gc.unfreeze()
+            internals.release(llm, workers=common.PARALLEL.size(self.options) > 1)
         else:
-            core.shutdown()
-        del llm, core
+            internals.shutdown(llm)
+        del llm
         gc.collect()
         shutil.rmtree(self._root, ignore_errors=True)

