@@ -18,9 +18,9 @@ import pytest
 from conformance.depth import DEPTHS
 from conformance.metric_table import METRIC_NAMES
 
-#: what a failure message names as its cause: a metric, the processed-logprobs finding, or a
-#: protocol violation (an answer of the wrong shape)
-NAMED_CAUSES = (*METRIC_NAMES, "PROCESSED", "returned rows of")
+#: what a failure message names as its cause: a metric, the processed-logprobs finding, a
+#: protocol violation (an answer of the wrong shape), or the sampler-fidelity test
+NAMED_CAUSES = (*METRIC_NAMES, "PROCESSED", "returned rows of", "uniformity p-value")
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINES = "tests.support.engines:"
@@ -72,6 +72,10 @@ DEFECTS = [
     ("StaleGroupLogprobs", ["rollout_parity"], {"rollout_parity"}, "profile fp32"),
     # rows in the wrong order have the wrong lengths: the shrunk case is a protocol violation
     ("ShuffledOrder", ["prefill_parity"], {"prefill_parity"}, "returned rows of"),
+    # right raw log-probs, tokens sampled from another distribution
+    ("IgnoresTemperature", ["sampler_fidelity"], {"sampler_fidelity"}, "uniformity p-value"),
+    ("IgnoresTopP", ["sampler_fidelity"], {"sampler_fidelity"}, "uniformity p-value"),
+    ("TopKOffByOne", ["sampler_fidelity"], {"sampler_fidelity"}, "uniformity p-value"),
 ]
 
 
