@@ -117,6 +117,10 @@ class Engine(ABC):
     KNOBS: ClassVar[Mapping[str, Knob]] = {}
     #: the option that splits the model over devices, for engines that have one
     parallel: ClassVar[ParallelSetting | None] = None
+    #: option values that keep the engine's prefix cache on, for engines that have one (the
+    #: weight-sync suite holds a sync to reset it): a stack whose options turn it off gets a
+    #: variant engine with these
+    PREFIX_CACHE: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config

@@ -76,6 +76,7 @@ DEFECTS = [
     ("IgnoresTemperature", ["sampler_fidelity"], {"sampler_fidelity"}, "uniformity p-value"),
     ("IgnoresTopP", ["sampler_fidelity"], {"sampler_fidelity"}, "uniformity p-value"),
     ("TopKOffByOne", ["sampler_fidelity"], {"sampler_fidelity"}, "uniformity p-value"),
+    ("StalePrefixCache", ["weight_sync"], {"weight_sync"}, "abs_diff_max"),
 ]
 
 

@@ -264,3 +264,26 @@ class TopKOffByOne(HFGenerateEngine):
     def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
         wider = replace(spec, top_k=spec.top_k + 1) if spec.top_k else spec
         return super().generate(prompts, wider, **kw)
+
+
+class StalePrefixCache(HFGenerateEngine):
+    """Scores through a prefix cache — the log-probs of every sequence scored before, reused
+    for the positions a new sequence shares with the longest of them, as cached keys and values
+    would be — that ``load_weights`` does not reset."""
+
+    name = "stale-prefix-cache"
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self._cache: dict[tuple[int, ...], list[float]] = {}
+
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        rows = super().score(sequences)
+        for row, sequence in zip(rows, sequences, strict=True):
+            key = tuple(sequence)
+            hits = [k for k in self._cache if len(k) <= len(key) and key[: len(k)] == k]
+            if hits:
+                cached = self._cache[max(hits, key=len)]
+                row[: len(cached)] = cached
+            self._cache[key] = list(row)
+        return rows
