@@ -144,7 +144,7 @@ class Recorder:
     ) -> dict[str, Any]:
         """Announce the running example's reproducer — prompt ids, batch shape, sampling spec
         and anything else it drew — before it runs the stack; returns it."""
-        from conformance.strategies import drawing_at_top
+        from conformance.strategies import drawing_at_top, drawing_batch_size
 
         record = self._require_check()
         record.case = {
@@ -153,6 +153,8 @@ class Recorder:
             "sampling": sampling.as_dict() if sampling else None,
             # a failure first found here is not shrunk: its sizes cannot leave the top
             **({"top_sizes": True} if drawing_at_top() else {}),
+            # one of the examples run at each batch-size bucket (not shrunk either)
+            **({"batch_bucket_size": size} if (size := drawing_batch_size()) else {}),
             **extra,
         }
         return record.case
@@ -343,9 +345,29 @@ def one_example_at_top(test: Any) -> Iterator[None]:
     try costs the largest engine call), and its choices give the smallest case outside, so
     none go to the example database.
     """
-    from hypothesis import Phase, settings
-
     from conformance.strategies import at_top_sizes
+
+    with _one_example(test), at_top_sizes():
+        yield
+
+
+@contextmanager
+def one_example_at_batch_size(test: Any, size: int) -> Iterator[None]:
+    """While inside, the ``@given`` property ``test`` runs one example, its batches ``size``
+    sequences long (:func:`conformance.strategies.at_batch_size`): run once per
+    ``batch_buckets`` size, every run reaches every batch-size bucket. Not shrunk nor stored,
+    as :func:`one_example_at_top`."""
+    from conformance.strategies import at_batch_size
+
+    with _one_example(test), at_batch_size(size):
+        yield
+
+
+@contextmanager
+def _one_example(test: Any) -> Iterator[None]:
+    """While inside, ``test`` runs Hypothesis's first (simplest-choice) example only, kept out
+    of the example database."""
+    from hypothesis import Phase, settings
 
     # @given keeps the settings it was decorated under here, and Hypothesis has no public way
     # to change them for one call
@@ -354,8 +376,7 @@ def one_example_at_top(test: Any) -> Iterator[None]:
         parent=drawn, max_examples=1, database=None, phases=(Phase.generate,)
     )
     try:
-        with at_top_sizes():
-            yield
+        yield
     finally:
         test._hypothesis_internal_use_settings = drawn
 

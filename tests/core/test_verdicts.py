@@ -77,6 +77,7 @@ DEFECTS = [
     ("IgnoresTopP", ["sampler_fidelity"], {"sampler_fidelity"}, "uniformity p-value"),
     ("TopKOffByOne", ["sampler_fidelity"], {"sampler_fidelity"}, "uniformity p-value"),
     ("StalePrefixCache", ["weight_sync"], {"weight_sync"}, "abs_diff_max"),
+    ("MiddleBatchNumerics", ["batch_invariance"], {"batch_invariance"}, "profile fp32"),
 ]
 
 
@@ -269,3 +270,18 @@ def _read(path: Path) -> str:
         return path.read_text()
     except OSError:
         return ""
+
+
+@pytest.mark.slow
+def test_a_defect_in_one_middle_batch_bucket_fails_every_run(tmp_path, cli_env):
+    """MiddleBatchNumerics changes scores only in batches of 9 to 16. With one drawn example
+    (one sequence) and the one at the top (32), only the example run at the 9–16 bucket's top
+    reaches it, in every run."""
+    code, report, output = certify(
+        "--engine", ENGINES + "MiddleBatchNumerics", "--suite", "batch_invariance",
+        "--examples", "1", env=cli_env, out=tmp_path / "run",
+    )  # fmt: skip
+    assert code == 1, output[-3000:]
+    (check,) = failed_checks(report)
+    assert check["name"] == "test_engine_batch_invariance"
+    assert check["worst_case"]["batch_bucket_size"] == 16

@@ -287,3 +287,17 @@ class StalePrefixCache(HFGenerateEngine):
                 row[: len(cached)] = cached
             self._cache[key] = list(row)
         return rows
+
+
+class MiddleBatchNumerics(LargeBatchNumerics):
+    """Scores batches of 9 to 16 sequences only through the lower-precision path, as a kernel
+    heuristic that picks another implementation for one range of sizes does."""
+
+    name = "middle-batch-numerics"
+    THRESHOLD = 9
+    CEILING = 16
+
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        if len(sequences) > self.CEILING:
+            return HFGenerateEngine.score(self, sequences)
+        return super().score(sequences)
