@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 #: token-level points kept per check for the report's plots; the rest stay in results.jsonl
 MAX_SAMPLES = 2000
+#: how a failure message names the two sides ``measure`` compares, by default the backend's
+#: recompute and the engine's report; a check comparing an engine with itself names its own
+SIDES = ("the backend's (lp_train)", "the engine's (lp_infer)")
 
 
 @dataclass
@@ -165,11 +168,14 @@ class Recorder:
         lp_infer: Sequence[Any],
         *,
         positions: Sequence[Sequence[int]] | None = None,
+        sides: tuple[str, str] = SIDES,
     ) -> dict[str, float]:
         """Record token-aligned log-prob rows of the running example; return its metrics.
 
         Rows may be lists or 1-D tensors. NaN/inf values are measured, not raised: they count
-        as ``nonfinite_tokens``, which every profile bounds at 0.
+        as ``nonfinite_tokens``, which every profile bounds at 0, and the failure says on which
+        of the ``sides`` (what ``lp_train`` and ``lp_infer`` hold, as a message names them) the
+        first one is.
         """
         import torch
 
@@ -197,7 +203,7 @@ class Recorder:
             metrics=metrics,
         )
         if metrics["nonfinite_tokens"]:
-            record.nonfinite_at = _first_nonfinite(train_rows, infer_rows)
+            record.nonfinite_at = _first_nonfinite(train_rows, infer_rows, sides)
         return metrics
 
     def violations(
@@ -391,15 +397,12 @@ def _safe_metrics(compute: Callable[..., dict[str, float]], *tensors: Any) -> di
         return {"nonfinite_tokens": float(exc.count)}
 
 
-def _first_nonfinite(train_rows: list[Any], infer_rows: list[Any]) -> str:
+def _first_nonfinite(train_rows: list[Any], infer_rows: list[Any], sides: tuple[str, str]) -> str:
     """Where the first NaN/inf is, and on which side, for the failure message."""
     import torch
 
     for row, (train, infer) in enumerate(zip(train_rows, infer_rows, strict=True)):
-        for side, values in (
-            ("the backend's (lp_train)", train),
-            ("the engine's (lp_infer)", infer),
-        ):
+        for side, values in zip(sides, (train, infer), strict=True):
             bad = (~torch.isfinite(values)).nonzero()
             if bad.numel():
                 col = int(bad[0])

@@ -34,7 +34,8 @@ def test_engine_batch_invariance(data, engine, model, depth, recorder):
     alone = engine.score([target])
     in_batch = [engine.score(batch)[index]]
 
-    recorder.check_profile(recorder.measure(alone, in_batch))
+    sides = ("the engine's lone-sequence", "the engine's in-batch")
+    recorder.check_profile(recorder.measure(alone, in_batch, sides=sides))
 
 
 @pytest.mark.tim_batch_buckets
@@ -50,4 +51,5 @@ def test_backend_batch_invariance(data, model, depth, recorder, tim):
     ).recompute(batch)
     in_batch = [batched.logprobs[index]]
 
-    recorder.check_profile(recorder.measure(alone, in_batch))
+    sides = ("the backend's lone-sequence", "the backend's in-batch")
+    recorder.check_profile(recorder.measure(alone, in_batch, sides=sides))

@@ -1,7 +1,7 @@
 """Logprob semantics.
 
 An engine must report the *raw* model log-probability of each sampled token — what the trainer
-recomputes — not the *processed* one after temperature scaling or top-p renormalisation.
+recomputes — not the *processed* one after temperature scaling or top-k/top-p renormalisation.
 Processed logprobs put a log-partition bias into every ratio π_train/π_infer (the vLLM
 ``logprobs_mode`` pitfall TRL users hit, huggingface/trl#4159; SGLang scales output logprobs by
 temperature unless ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``).
@@ -38,7 +38,8 @@ def _check_raw(recorder, backend, completions, processing, what):
 
 def _rollouts(data, engine, model, depth, recorder, **sampling):
     spec = data.draw(
-        sampling_specs(max_new_tokens=new_tokens(depth), top_k=0, **sampling), label="sampling"
+        sampling_specs(max_new_tokens=new_tokens(depth), **{"top_k": 0, **sampling}),
+        label="sampling",
     )
     shape, prompts = data.draw(
         prompt_batches(model, depth, max_new_tokens=spec.max_new_tokens), label="batch"
@@ -63,3 +64,12 @@ def test_raw_logprobs_under_top_p(data, engine, backend, model, depth, recorder)
     top_p = data.draw(st.sampled_from([0.5, 0.8, 0.9]), label="top_p")
     completions = _rollouts(data, engine, model, depth, recorder, temperature=1.0, top_p=top_p)
     _check_raw(recorder, backend, completions, {"top_p": top_p}, f"top_p {top_p}")
+
+
+@given(data=st.data())
+def test_raw_logprobs_under_top_k(data, engine, backend, model, depth, recorder):
+    top_k = data.draw(st.sampled_from([5, 20, 50]), label="top_k")
+    completions = _rollouts(
+        data, engine, model, depth, recorder, temperature=1.0, top_p=1.0, top_k=top_k
+    )
+    _check_raw(recorder, backend, completions, {"top_k": top_k}, f"top_k {top_k}")
