@@ -163,3 +163,13 @@ def worst_metrics(metric_dicts: Iterable[Mapping[str, object]]) -> dict[str, flo
                 values.setdefault(name, []).append(value)
     result = {name: worst(name, values[name]) for name in METRIC_NAMES if name in values}
     return {name: value for name, value in result.items() if value is not None}
+
+
+#: sampler fidelity (``suites/test_sampler_fidelity.py``): the false alarms per certify run its
+#: uniformity tests may raise together on a sound engine; each of a run's tests is held to this
+#: share of it (Bonferroni), so a run alarms on a sound engine at most once in 1,000
+SAMPLER_FALSE_ALARMS_PER_RUN = 1e-3
+#: equal bins of the χ² half of the uniformity test (``conformance.sampler_stats``): ~100 tokens
+#: expected per bin at the suite's 2,048 tokens per test, so one bin's excess of 5 % of the
+#: tokens (a token the sampler should have cut) stands out
+SAMPLER_BINS = 20

@@ -82,6 +82,11 @@ def _configured(config: pytest.Config) -> bool:
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "rl: the RL smoke suite (opt-in with --tim-rl-smoke)")
+    config.addinivalue_line(
+        "markers",
+        "tim_batch_buckets: the property also runs one example at each power-of-two batch-size "
+        "bucket of the depth (conformance.strategies.batch_buckets)",
+    )
     if _configured(config):
         activate(config)
 
@@ -280,10 +285,17 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         result = yield
         test = getattr(item, "obj", None)
         if getattr(test, "hypothesis", None) is not None:
-            from conformance.recorder import one_example_at_top
+            from conformance.recorder import one_example_at_batch_size, one_example_at_top
 
             with one_example_at_top(test):
                 item.runtest()
+            if item.get_closest_marker("tim_batch_buckets"):
+                from conformance.strategies import batch_buckets
+
+                session = item.config.stash[SESSION_KEY]
+                for size in batch_buckets(session.spec.depth.max_batch):
+                    with one_example_at_batch_size(test, size):
+                        item.runtest()
     if record.examples_run:
         try:
             recorder.check_pooled()

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 #: token-level points kept per check for the report's plots; the rest stay in results.jsonl
 MAX_SAMPLES = 2000
+#: how a failure message names the two sides ``measure`` compares, by default the backend's
+#: recompute and the engine's report; a check comparing an engine with itself names its own
+SIDES = ("the backend's (lp_train)", "the engine's (lp_infer)")
 
 
 @dataclass
@@ -144,7 +147,7 @@ class Recorder:
     ) -> dict[str, Any]:
         """Announce the running example's reproducer — prompt ids, batch shape, sampling spec
         and anything else it drew — before it runs the stack; returns it."""
-        from conformance.strategies import drawing_at_top
+        from conformance.strategies import drawing_at_top, drawing_batch_size
 
         record = self._require_check()
         record.case = {
@@ -153,6 +156,8 @@ class Recorder:
             "sampling": sampling.as_dict() if sampling else None,
             # a failure first found here is not shrunk: its sizes cannot leave the top
             **({"top_sizes": True} if drawing_at_top() else {}),
+            # one of the examples run at each batch-size bucket (not shrunk either)
+            **({"batch_bucket_size": size} if (size := drawing_batch_size()) else {}),
             **extra,
         }
         return record.case
@@ -163,11 +168,14 @@ class Recorder:
         lp_infer: Sequence[Any],
         *,
         positions: Sequence[Sequence[int]] | None = None,
+        sides: tuple[str, str] = SIDES,
     ) -> dict[str, float]:
         """Record token-aligned log-prob rows of the running example; return its metrics.
 
         Rows may be lists or 1-D tensors. NaN/inf values are measured, not raised: they count
-        as ``nonfinite_tokens``, which every profile bounds at 0.
+        as ``nonfinite_tokens``, which every profile bounds at 0, and the failure says on which
+        of the ``sides`` (what ``lp_train`` and ``lp_infer`` hold, as a message names them) the
+        first one is.
         """
         import torch
 
@@ -195,7 +203,7 @@ class Recorder:
             metrics=metrics,
         )
         if metrics["nonfinite_tokens"]:
-            record.nonfinite_at = _first_nonfinite(train_rows, infer_rows)
+            record.nonfinite_at = _first_nonfinite(train_rows, infer_rows, sides)
         return metrics
 
     def violations(
@@ -343,9 +351,29 @@ def one_example_at_top(test: Any) -> Iterator[None]:
     try costs the largest engine call), and its choices give the smallest case outside, so
     none go to the example database.
     """
-    from hypothesis import Phase, settings
-
     from conformance.strategies import at_top_sizes
+
+    with _one_example(test), at_top_sizes():
+        yield
+
+
+@contextmanager
+def one_example_at_batch_size(test: Any, size: int) -> Iterator[None]:
+    """While inside, the ``@given`` property ``test`` runs one example, its batches ``size``
+    sequences long (:func:`conformance.strategies.at_batch_size`): run once per
+    ``batch_buckets`` size, every run reaches every batch-size bucket. Not shrunk nor stored,
+    as :func:`one_example_at_top`."""
+    from conformance.strategies import at_batch_size
+
+    with _one_example(test), at_batch_size(size):
+        yield
+
+
+@contextmanager
+def _one_example(test: Any) -> Iterator[None]:
+    """While inside, ``test`` runs Hypothesis's first (simplest-choice) example only, kept out
+    of the example database."""
+    from hypothesis import Phase, settings
 
     # @given keeps the settings it was decorated under here, and Hypothesis has no public way
     # to change them for one call
@@ -354,8 +382,7 @@ def one_example_at_top(test: Any) -> Iterator[None]:
         parent=drawn, max_examples=1, database=None, phases=(Phase.generate,)
     )
     try:
-        with at_top_sizes():
-            yield
+        yield
     finally:
         test._hypothesis_internal_use_settings = drawn
 
@@ -370,15 +397,12 @@ def _safe_metrics(compute: Callable[..., dict[str, float]], *tensors: Any) -> di
         return {"nonfinite_tokens": float(exc.count)}
 
 
-def _first_nonfinite(train_rows: list[Any], infer_rows: list[Any]) -> str:
+def _first_nonfinite(train_rows: list[Any], infer_rows: list[Any], sides: tuple[str, str]) -> str:
     """Where the first NaN/inf is, and on which side, for the failure message."""
     import torch
 
     for row, (train, infer) in enumerate(zip(train_rows, infer_rows, strict=True)):
-        for side, values in (
-            ("the backend's (lp_train)", train),
-            ("the engine's (lp_infer)", infer),
-        ):
+        for side, values in zip(sides, (train, infer), strict=True):
             bad = (~torch.isfinite(values)).nonzero()
             if bad.numel():
                 col = int(bad[0])

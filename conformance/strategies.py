@@ -112,6 +112,41 @@ def at_top_sizes() -> Iterator[None]:
         _AT_TOP.reset(token)
 
 
+#: set while a property draws its example in one batch-size bucket (:func:`at_batch_size`)
+_BATCH_SIZE: ContextVar[int | None] = ContextVar("tim_conformance_batch_size", default=None)
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """The largest size of each power-of-two bucket of batch sizes up to ``max_batch`` (1, 2,
+    3–4, 5–8, …, the last one ending at ``max_batch``): kernels switch implementation at such
+    thresholds (cuBLAS heuristics, CUDA-graph capture sizes 1, 2, 4, 8, 16, …).
+
+    >>> batch_buckets(32)
+    [1, 2, 4, 8, 16, 32]
+    """
+    _check_range("batch_buckets", 1, max_batch, 1)
+    return [*(1 << k for k in range(max_batch.bit_length()) if 1 << k < max_batch), max_batch]
+
+
+def drawing_batch_size() -> int | None:
+    """The batch size the running example is drawn at (:func:`at_batch_size`), if any."""
+    return _BATCH_SIZE.get()
+
+
+@contextmanager
+def at_batch_size(size: int) -> Iterator[None]:
+    """Draw batches of ``size`` sequences while inside (each :func:`batch_shapes` clamps it to
+    its own range; a grouped batch holds the most whole groups that fit), with the simplest
+    ids seeded from each sequence's position as under :func:`at_top_sizes`. A property run
+    once per :func:`batch_buckets` size under this reaches every bucket in every run, where
+    log-uniform draws leave some bucket out of about one run in four."""
+    token = _BATCH_SIZE.set(size)
+    try:
+        yield
+    finally:
+        _BATCH_SIZE.reset(token)
+
+
 # drawn inside other strategies' draws, once per sequence: a composite built anew each time
 # costs Hypothesis a read of its source
 @functools.lru_cache(maxsize=4096)
@@ -219,7 +254,8 @@ def _draw_ids(
 ) -> list[int]:
     """``length`` ids as :func:`token_sequences` describes; ``position`` is the sequence's
     place in its batch (:func:`at_top_sizes` seeds the simplest ids from it)."""
-    seed = draw(_ID_SEEDS) or (position + 1 if _AT_TOP.get() else 0)
+    varied = _AT_TOP.get() or _BATCH_SIZE.get() is not None
+    seed = draw(_ID_SEEDS) or (position + 1 if varied else 0)
     if seed:
         rng = random.Random(seed)
         tokens = rng.choices(range(min_id, vocab_size), k=length)
@@ -290,18 +326,23 @@ def batch_shapes(
     }
     usable = tuple(k for k in kinds if possible[k]) or ("independent",)
 
+    def sized(drawn: int, low: int, high: int, per: int = 1) -> int:
+        forced = _BATCH_SIZE.get()
+        return drawn if forced is None else min(max(forced // per, low), high)
+
     @st.composite
     def build(draw: st.DrawFn) -> BatchShape:
         kind = draw(st.sampled_from(usable))
         side = draw(st.sampled_from(tuple(padding_sides)))
         if kind == "grouped":
             group = draw(st.sampled_from(groups))
-            prompts = draw(log_sizes(max(1, -(-min_batch // group)), max_batch // group))
+            low, high = max(1, -(-min_batch // group)), max_batch // group
+            prompts = sized(draw(log_sizes(low, high)), low, high, group)
             top = longest(prompts * group)
             distinct = [draw(log_sizes(min_len, top)) for _ in range(prompts)]
             lengths = tuple(n for n in distinct for _ in range(group))
             return BatchShape(lengths, side, "grouped", group_size=group)
-        size = draw(log_sizes(min_batch, max_batch))
+        size = sized(draw(log_sizes(min_batch, max_batch)), min_batch, max_batch)
         top = longest(size)
         if kind == "shared-prefix" and top >= 2:
             prefix = draw(log_sizes(1, top - 1))

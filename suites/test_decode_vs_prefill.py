@@ -29,4 +29,7 @@ def test_decode_vs_prefill(data, engine, model, depth, recorder):
     prefill = engine.score([c.sequence for c in completions])
     lp_prefill, lp_decode, positions = generated_rows(completions, prefill)
 
-    recorder.check_profile(recorder.measure(lp_prefill, lp_decode, positions=positions))
+    sides = ("the engine's prefill", "the engine's decode")
+    recorder.check_profile(
+        recorder.measure(lp_prefill, lp_decode, positions=positions, sides=sides)
+    )

@@ -27,7 +27,12 @@ def test_scoring_is_deterministic(data, engine, model, depth, recorder):
     shuffled = engine.score([sequences[i] for i in order])
     reordered = [shuffled[order.index(i)] for i in range(len(sequences))]
 
-    recorder.check_profile(recorder.measure([*first, *first], [*again, *reordered]))
+    measured = recorder.measure(
+        [*first, *first],
+        [*again, *reordered],
+        sides=("the engine's first scoring's", "the engine's repeated scoring's"),
+    )
+    recorder.check_profile(measured)
 
 
 @given(data=st.data())
@@ -52,5 +57,9 @@ def test_seeded_sampling_is_deterministic(data, engine, model, depth, recorder):
                 f"the same seeded case sampled different tokens: sequence {row} diverges at "
                 f"token {step} ({a.tokens[step]} vs {b.tokens[step]})"
             )
-    metrics = recorder.measure([c.logprobs for c in first], [c.logprobs for c in again])
+    metrics = recorder.measure(
+        [c.logprobs for c in first],
+        [c.logprobs for c in again],
+        sides=("the engine's first run's", "the engine's rerun's"),
+    )
     recorder.check_profile(metrics)

@@ -6,19 +6,37 @@ profile, so a silent no-op or a partial refit fails (imperfect refit is a mismat
 NeMo-RL names; TRL with vLLM sleep mode once left weights unsynced). Pushing the original
 weights back restores the original numbers. Engines that cannot take weights skip with that
 reason.
+
+Caches outlive a sync unless the engine resets them: prompts the engine has already served —
+a shared system prompt, a GRPO group — scored and sampled again after the sync must give the
+new weights' numbers, not the old weights' cached keys and values (a prefix cache not reset
+after a weight update). Engines with a prefix cache run this with it on
+(``Engine.PREFIX_CACHE``).
 """
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.suite_support import prompt_batches
+from conformance.strategies import sampling_specs
+from conformance.suite_support import generated_rows, prompt_batches
 from conformance.weights import perturbed, read_weights, write_model
 
 
 @pytest.fixture(scope="module")
 def original_weights(model):
     return read_weights(model.path)
+
+
+@pytest.fixture(scope="module")
+def cached_engine(engine, tim):
+    """The stack's engine, or a variant with its prefix cache on where the stack turns it off
+    (an option set to another value than ``PREFIX_CACHE`` holds; both engines' defaults keep
+    it on)."""
+    options = engine.config.options
+    if any(k in options and str(options[k]).lower() != v for k, v in engine.PREFIX_CACHE.items()):
+        return tim.engine_variant(**engine.PREFIX_CACHE)
+    return engine
 
 
 @given(data=st.data())
@@ -45,3 +63,56 @@ def test_engine_takes_new_weights(
     original = backend.recompute(sequences).logprobs
 
     recorder.check_profile(recorder.measure([*expected, *original], [*refitted, *restored]))
+
+
+@pytest.fixture(scope="module")
+def synced_weights(model, tim, original_weights, tmp_path_factory):
+    """New weights from the run's seed and a backend holding them, made once: a stale cache
+    shows whichever new weights come, and a model folder and backend per example cost more
+    than the example's engine calls."""
+    seed = tim.seed % 2**31 + 1
+    new = perturbed(original_weights, seed)
+    folder = write_model(new, model.path, tmp_path_factory.mktemp("synced"))
+    with tim.backend_for(folder) as holding_new:
+        yield seed, new, holding_new
+
+
+@given(data=st.data())
+def test_caches_do_not_outlive_a_weight_sync(
+    data, cached_engine, model, depth, recorder, original_weights, synced_weights
+):
+    seed, new, holding_new = synced_weights
+    # what a cache holds is the prompts' prefixes: short rollouts (up to 16 tokens) keep the
+    # property's two rounds of generation cheap; long ones are the other suites' business
+    spec = data.draw(sampling_specs(), label="sampling")
+    shape, prompts = data.draw(
+        prompt_batches(
+            model,
+            depth,
+            max_new_tokens=spec.max_new_tokens,
+            min_len=2,
+            kinds=("shared-prefix", "grouped"),
+        ),
+        label="batch",
+    )
+    recorder.case(prompts, shape, spec, weights_seed=seed)
+    engine = cached_engine
+    # served once at the old weights: their prefixes are now cached
+    served = [c.sequence for c in engine.generate(prompts, spec)]
+    engine.score(served)
+
+    try:
+        engine.load_weights(new)
+    except NotImplementedError as exc:
+        pytest.skip(str(exc).splitlines()[0])
+    try:
+        rescored = engine.score(served)
+        resampled = engine.generate(prompts, spec)
+    finally:
+        engine.load_weights(original_weights)
+    expected = holding_new.recompute([*served, *(c.sequence for c in resampled)]).logprobs
+    lp_train, lp_infer, _ = generated_rows(resampled, expected[len(served) :])
+
+    recorder.check_profile(
+        recorder.measure([*expected[: len(served)], *lp_train], [*rescored, *lp_infer])
+    )

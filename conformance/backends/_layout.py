@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from conformance.errors import UsageError
-from conformance.hf_model import device, gather_logprobs
+from conformance.hf_model import device, gather_logprobs, truncate
 
 if TYPE_CHECKING:
     import torch
@@ -58,10 +58,39 @@ def forward(
     """
     if layout == "packed":
         return _forward_packed(model, chunk, sampling, compute_dtype)
+    left = layout == "left-pad"
+    logits, ids = _padded_logits(model, chunk, left)
+    lp, ent = gather_logprobs(logits[:, :-1], ids[:, 1:].to(device()), *sampling)
+    out_lp, out_ent = [], []
+    for row, cols in enumerate(_scored_columns(chunk, ids.shape[1], left)):
+        out_lp.append(lp[row, cols].cpu() if not lp.requires_grad else lp[row, cols])
+        out_ent.append(ent[row, cols].detach().cpu())
+    return out_lp, out_ent
+
+
+def next_token_logprobs(
+    model: torch.nn.Module, chunk: list[list[int]], sampling: Sampling
+) -> list[torch.Tensor]:
+    """The whole next-token distribution a sampler with ``sampling`` draws from, per scored
+    position of each sequence: ``[len(seq) − 1, V]`` float32 log-probabilities (−inf outside
+    top-k/top-p), right-padded (layouts are held to agree elsewhere)."""
+    import torch
+
+    temperature, top_k, top_p = sampling
+    logits, ids = _padded_logits(model, chunk, left=False)
+    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    if top_k or top_p < 1.0:
+        logp = truncate(logp, top_k, top_p)
+    return [logp[row, cols].cpu() for row, cols in enumerate(_scored_columns(chunk, ids.shape[1]))]
+
+
+def _padded_logits(
+    model: torch.nn.Module, chunk: list[list[int]], left: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits ``[B, W, V]`` of one padded micro-batch, and its ids ``[B, W]``."""
     import torch
 
     width = max(map(len, chunk))
-    left = layout == "left-pad"
     ids = torch.zeros(len(chunk), width, dtype=torch.long)
     mask = torch.zeros(len(chunk), width, dtype=torch.long)
     for row, seq in enumerate(chunk):
@@ -75,14 +104,13 @@ def forward(
         attention_mask=mask.to(device()),
         position_ids=positions.to(device()),
     ).logits
-    lp, ent = gather_logprobs(logits[:, :-1], ids[:, 1:].to(device()), *sampling)
-    out_lp, out_ent = [], []
-    for row, seq in enumerate(chunk):
-        offset = width - len(seq) if left else 0
-        cols = slice(offset, offset + len(seq) - 1)
-        out_lp.append(lp[row, cols].cpu() if not lp.requires_grad else lp[row, cols])
-        out_ent.append(ent[row, cols].detach().cpu())
-    return out_lp, out_ent
+    return logits, ids
+
+
+def _scored_columns(chunk: list[list[int]], width: int, left: bool = False) -> list[slice]:
+    """Per sequence, its ``len(seq) − 1`` scored columns of a padded batch ``width`` wide."""
+    offsets = [width - len(seq) if left else 0 for seq in chunk]
+    return [slice(o, o + len(seq) - 1) for o, seq in zip(offsets, chunk, strict=True)]
 
 
 def _forward_packed(

@@ -97,6 +97,23 @@ class Backend(ABC):
         With ``grad=True`` the log-probabilities carry the autograd graph (for RL updates).
         """
 
+    def next_token_logprobs(
+        self,
+        sequences: Sequence[Sequence[int]],
+        *,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+    ) -> list[torch.Tensor]:
+        """The whole processed next-token distribution (as ``recompute`` describes it) at every
+        position: per sequence a float32 ``[len(seq) − 1, V]`` tensor of log-probabilities,
+        ``-inf`` outside top-k/top-p. What the sampler-fidelity suite tests sampled tokens
+        against; a backend that cannot hand it out has that suite skipped."""
+        raise NotImplementedError(
+            f"backend {self.name!r} cannot hand out whole next-token distributions; implement "
+            "next_token_logprobs() or choose a backend that can (hf)"
+        )
+
     @property
     def module(self) -> torch.nn.Module:
         """The in-process model, where there is one (the training protocol never needs it)."""

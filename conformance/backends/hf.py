@@ -10,7 +10,13 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from conformance.backends._layout import check_feeding, check_sequences, forward, micro_batches
+from conformance.backends._layout import (
+    check_feeding,
+    check_sequences,
+    forward,
+    micro_batches,
+    next_token_logprobs,
+)
 from conformance.backends.base import Backend, BackendConfig, Recompute
 from conformance.hf_model import TRANSFORMERS_RELEASES, load_causal_lm
 
@@ -81,3 +87,21 @@ class HFBackend(Backend):
                 logprobs.extend(lp)
                 entropy.extend(ent)
         return Recompute(logprobs=logprobs, entropy=entropy)
+
+    def next_token_logprobs(
+        self,
+        sequences: Sequence[Sequence[int]],
+        *,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+    ) -> list[torch.Tensor]:
+        import torch
+
+        chunks = micro_batches(check_sequences(sequences), self.config.micro_batch_size)
+        with torch.no_grad():
+            return [
+                row
+                for chunk in chunks
+                for row in next_token_logprobs(self._model, chunk, (temperature, top_k, top_p))
+            ]

@@ -73,6 +73,9 @@ KNOBS: dict[str, Knob] = {
     "max_running_requests": Knob(("1", "4")),
 }
 
+#: the option value that keeps the radix (prefix) cache on (SGLang's default)
+PREFIX_CACHE: dict[str, str] = {"disable_radix_cache": "false"}
+
 
 def _defaults() -> dict[str, Any]:
     import torch

@@ -69,6 +69,9 @@ KNOBS: dict[str, Knob] = {
     "enforce_eager": Knob(("false",)),
 }
 
+#: the option value that keeps the prefix cache on (vLLM V1's default for these models)
+PREFIX_CACHE: dict[str, str] = {"enable_prefix_caching": "true"}
+
 
 def parse_options(
     engine: str, options: Mapping[str, Any], *, extra: Mapping[str, Callable[[str], Any]]

@@ -121,6 +121,10 @@ class Engine(ABC):
     #: the releases of the package it drives that it supports (``conformance.releases``):
     #: ``certify`` refuses older ones and warns on newer ones before anything starts
     RELEASES: ClassVar[ReleaseRange | None] = None
+    #: option values that keep the engine's prefix cache on, for engines that have one (the
+    #: weight-sync suite holds a sync to reset it): a stack whose options turn it off gets a
+    #: variant engine with these
+    PREFIX_CACHE: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config

@@ -20,6 +20,7 @@ from conformance.errors import EngineCrashed, EngineUnavailable
 class SGLangEngine(Engine):
     name = "sglang"
     KNOBS = common.KNOBS
+    PREFIX_CACHE = common.PREFIX_CACHE
     parallel = common.PARALLEL
     RELEASES = common.RELEASES
 

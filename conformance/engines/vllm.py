@@ -26,6 +26,7 @@ _OPEN: set[int] = set()
 class VLLMEngine(Engine):
     name = "vllm"
     KNOBS = common.KNOBS
+    PREFIX_CACHE = common.PREFIX_CACHE
     parallel = common.PARALLEL
     RELEASES = common.RELEASES
 

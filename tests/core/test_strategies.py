@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 from conformance.depth import DEPTHS
 from conformance.engines import SamplingSpec
 from conformance.errors import UsageError
-from conformance.recorder import one_example_at_top
+from conformance.recorder import one_example_at_batch_size, one_example_at_top
 from conformance.strategies import (
     BATCH_KINDS,
     GROUP_SIZES,
+    batch_buckets,
     batch_shapes,
     log_sizes,
     precisions,
@@ -192,3 +193,38 @@ def test_scored_prompts_leave_the_position_an_engine_generates_into(data):
     new_tokens = data.draw(st.integers(0, 8))
     _, prompts = data.draw(prompt_batches(model, DEPTHS["deep"], max_new_tokens=new_tokens))
     assert max(len(p) for p in prompts) + new_tokens <= 15
+
+
+@pytest.mark.parametrize("name", DEPTHS)
+def test_every_run_reaches_every_batch_size_bucket(name):
+    """The examples run at each bucket's size, as the plugin runs them after the drawn ones,
+    put a batch in every power-of-two bucket up to the depth's largest, whatever was drawn."""
+    depth = DEPTHS[name]
+    model = SimpleNamespace(vocab_size=VOCAB, max_position_embeddings=4096, special_token_ids=[])
+    sizes = []
+
+    @settings(max_examples=3, database=None, deadline=None)
+    @given(data=st.data())
+    def draw(data):
+        shape, prompts = data.draw(prompt_batches(model, depth, min_len=2))
+        assert shape.batch_size == len(prompts)
+        sizes.append(len(prompts))
+
+    draw()
+    drawn = len(sizes)
+    for size in batch_buckets(depth.max_batch):
+        with one_example_at_batch_size(draw, size):
+            draw()
+    buckets = {(n - 1).bit_length() for n in sizes[drawn:]}
+    assert buckets == set(range(depth.max_batch.bit_length())), sizes
+    # outside, drawing is as before: the first example is the simplest, one sequence
+    after = len(sizes)
+    draw()
+    assert sizes[after] == 1
+
+
+@pytest.mark.parametrize(
+    ("top", "sizes"), [(1, [1]), (12, [1, 2, 4, 8, 12]), (64, [1, 2, 4, 8, 16, 32, 64])]
+)
+def test_batch_buckets_end_at_the_largest_size(top, sizes):
+    assert batch_buckets(top) == sizes

@@ -18,9 +18,9 @@ import pytest
 from conformance.depth import DEPTHS
 from conformance.metric_table import METRIC_NAMES
 
-#: what a failure message names as its cause: a metric, the processed-logprobs finding, or a
-#: protocol violation (an answer of the wrong shape)
-NAMED_CAUSES = (*METRIC_NAMES, "PROCESSED", "returned rows of")
+#: what a failure message names as its cause: a metric, the processed-logprobs finding, a
+#: protocol violation (an answer of the wrong shape), or the sampler-fidelity test
+NAMED_CAUSES = (*METRIC_NAMES, "PROCESSED", "returned rows of", "uniformity p-value")
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINES = "tests.support.engines:"
@@ -72,6 +72,12 @@ DEFECTS = [
     ("StaleGroupLogprobs", ["rollout_parity"], {"rollout_parity"}, "profile fp32"),
     # rows in the wrong order have the wrong lengths: the shrunk case is a protocol violation
     ("ShuffledOrder", ["prefill_parity"], {"prefill_parity"}, "returned rows of"),
+    # right raw log-probs, tokens sampled from another distribution
+    ("IgnoresTemperature", ["sampler_fidelity"], {"sampler_fidelity"}, "uniformity p-value"),
+    ("IgnoresTopP", ["sampler_fidelity"], {"sampler_fidelity"}, "uniformity p-value"),
+    ("TopKOffByOne", ["sampler_fidelity"], {"sampler_fidelity"}, "uniformity p-value"),
+    ("StalePrefixCache", ["weight_sync"], {"weight_sync"}, "abs_diff_max"),
+    ("MiddleBatchNumerics", ["batch_invariance"], {"batch_invariance"}, "profile fp32"),
 ]
 
 
@@ -264,3 +270,18 @@ def _read(path: Path) -> str:
         return path.read_text()
     except OSError:
         return ""
+
+
+@pytest.mark.slow
+def test_a_defect_in_one_middle_batch_bucket_fails_every_run(tmp_path, cli_env):
+    """MiddleBatchNumerics changes scores only in batches of 9 to 16. With one drawn example
+    (one sequence) and the one at the top (32), only the example run at the 9–16 bucket's top
+    reaches it, in every run."""
+    code, report, output = certify(
+        "--engine", ENGINES + "MiddleBatchNumerics", "--suite", "batch_invariance",
+        "--examples", "1", env=cli_env, out=tmp_path / "run",
+    )  # fmt: skip
+    assert code == 1, output[-3000:]
+    (check,) = failed_checks(report)
+    assert check["name"] == "test_engine_batch_invariance"
+    assert check["worst_case"]["batch_bucket_size"] == 16

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from conformance.engines.base import Completion, EngineConfig, LogprobKind, SamplingSpec
@@ -233,3 +234,70 @@ class TwoDefects(HFGenerateEngine):
             return c.logprobs[:-1]
 
         return _edit_logprobs(completions, broken)
+
+
+# -- sampler defects: right raw log-probs, tokens drawn from another distribution ---------------
+class IgnoresTemperature(HFGenerateEngine):
+    """Samples at temperature 1 whatever the spec asks (a default applied over the caller's
+    value, as vLLM applied generation_config.json's), reporting the right raw log-probs."""
+
+    name = "ignores-temperature"
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        return super().generate(prompts, replace(spec, temperature=1.0), **kw)
+
+
+class IgnoresTopP(HFGenerateEngine):
+    """Samples from the whole distribution whatever top-p the spec asks."""
+
+    name = "ignores-top-p"
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        return super().generate(prompts, replace(spec, top_p=1.0), **kw)
+
+
+class TopKOffByOne(HFGenerateEngine):
+    """Keeps the k + 1 most likely tokens under top-k (an off-by-one in the cut)."""
+
+    name = "top-k-off-by-one"
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        wider = replace(spec, top_k=spec.top_k + 1) if spec.top_k else spec
+        return super().generate(prompts, wider, **kw)
+
+
+class StalePrefixCache(HFGenerateEngine):
+    """Scores through a prefix cache — the log-probs of every sequence scored before, reused
+    for the positions a new sequence shares with the longest of them, as cached keys and values
+    would be — that ``load_weights`` does not reset."""
+
+    name = "stale-prefix-cache"
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self._cache: dict[tuple[int, ...], list[float]] = {}
+
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        rows = super().score(sequences)
+        for row, sequence in zip(rows, sequences, strict=True):
+            key = tuple(sequence)
+            hits = [k for k in self._cache if len(k) <= len(key) and key[: len(k)] == k]
+            if hits:
+                cached = self._cache[max(hits, key=len)]
+                row[: len(cached)] = cached
+            self._cache[key] = list(row)
+        return rows
+
+
+class MiddleBatchNumerics(LargeBatchNumerics):
+    """Scores batches of 9 to 16 sequences only through the lower-precision path, as a kernel
+    heuristic that picks another implementation for one range of sizes does."""
+
+    name = "middle-batch-numerics"
+    THRESHOLD = 9
+    CEILING = 16
+
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        if len(sequences) > self.CEILING:
+            return HFGenerateEngine.score(self, sequences)
+        return super().score(sequences)
