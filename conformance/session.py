@@ -149,6 +149,7 @@ class HarnessSession:
             on_crash=self._on_crash,
             timing=self.timing,
             deadline_s=self.spec.call_timeout,
+            eos_token_id=self.model_info.eos_token_id,
         )
         info = guarded.info()
         if not key:

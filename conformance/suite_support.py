@@ -10,13 +10,16 @@ from typing import Any
 from hypothesis import strategies as st
 
 from conformance.depth import Depth
-from conformance.engines.base import Completion
+from conformance.engines.base import Completion, SamplingSpec
 from conformance.strategies import (
     BATCH_KINDS,
+    IGNORE_EOS,
     BatchKind,
     BatchShape,
     batch_shapes,
     log_sizes,
+    sampling_specs,
+    stop_token_ids,
     token_batches,
 )
 
@@ -76,6 +79,26 @@ def _prompt_batches(
 def new_tokens(depth: Depth) -> st.SearchStrategy[int]:
     """Rollout lengths up to the depth's, log-uniform."""
     return log_sizes(1, depth.max_new_tokens)
+
+
+def rollout_specs(model: Any, depth: Depth, **fixed: Any) -> st.SearchStrategy[SamplingSpec]:
+    """Sampling specs as RL draws them: lengths up to the depth's, and rollouts that either run
+    to the length or stop at the model's EOS and drawn stop ids (so a batch mixes both);
+    ``fixed`` overrides any :func:`sampling_specs` argument."""
+    return _rollout_specs(model.vocab_size, model.eos_token_id, depth, tuple(sorted(fixed.items())))
+
+
+# built once per suite and arguments, as _prompt_batches is
+@functools.lru_cache(maxsize=256)
+def _rollout_specs(
+    vocab_size: int, eos_token_id: int | None, depth: Depth, fixed: tuple[tuple[str, Any], ...]
+) -> st.SearchStrategy[SamplingSpec]:
+    drawn: dict[str, Any] = {
+        "max_new_tokens": new_tokens(depth),
+        "ignore_eos": IGNORE_EOS,
+        "stop_token_ids": stop_token_ids(vocab_size, eos_token_id=eos_token_id),
+    }
+    return sampling_specs(**{**drawn, **dict(fixed)})
 
 
 def generated_rows(

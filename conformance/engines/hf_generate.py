@@ -35,6 +35,9 @@ class HFGenerateEngine(Engine):
         )
         self._pad_id = self._model.config.pad_token_id or 0
         self._eos_id = self._model.config.eos_token_id
+        # generate fills fields it is given unset from the model's generation config, so an
+        # EOS left there ended rollouts that ignore EOS (77 of 128 tokens, default model)
+        self._model.generation_config.eos_token_id = None
 
     @classmethod
     def check_options(cls, options: Mapping[str, str]) -> None:
@@ -51,6 +54,12 @@ class HFGenerateEngine(Engine):
         import torch
         from transformers import GenerationConfig
 
+        if spec.stop:
+            raise NotImplementedError(
+                f"engine {self.name!r} takes no stop strings (it runs on token ids, without the "
+                "tokenizer that matching text needs)"
+            )
+        stops = spec.stops_at(self._eos_id)
         width = max(map(len, prompts))
         ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
@@ -64,8 +73,8 @@ class HFGenerateEngine(Engine):
             top_p=spec.top_p,
             # 0 disables top-k; None would fall back to generate's default of 50
             top_k=spec.top_k,
-            # ignore_eos: no stop token, so every rollout has max_new_tokens tokens
-            eos_token_id=None if spec.ignore_eos else self._eos_id,
+            # generate keeps the token that ended a row, then pads the row
+            eos_token_id=sorted(stops) or None,
             pad_token_id=self._pad_id,
             return_dict_in_generate=True,
             output_logits=True,
@@ -85,7 +94,7 @@ class HFGenerateEngine(Engine):
         token_lp, _ = gather_logprobs(stacked, new_tokens)
         top = torch.log_softmax(stacked, -1).topk(top_logprobs, dim=-1) if top_logprobs else None
         return [
-            self._completion(list(prompts[row]), new_tokens[row], token_lp[row], top, row, spec)
+            self._completion(list(prompts[row]), new_tokens[row], token_lp[row], top, row, stops)
             for row in range(len(prompts))
         ]
 
@@ -96,14 +105,17 @@ class HFGenerateEngine(Engine):
         logprobs: Any,
         top: Any,
         row: int,
-        spec: SamplingSpec,
+        stops: frozenset[int],
     ) -> Completion:
+        import torch
+
         length = len(tokens)
         finish = "length"
-        if not spec.ignore_eos and self._eos_id is not None:
-            hits = (tokens == self._eos_id).nonzero()
+        if stops:
+            # the padding after a stop may be a stop id itself: the first hit is the stop
+            hits = torch.isin(tokens, torch.tensor(sorted(stops))).nonzero()
             if len(hits):
-                length, finish = int(hits[0]) + 1, "eos"
+                length, finish = int(hits[0]) + 1, "stop"
         top_lps = None
         if top is not None:
             top_lps = [

@@ -20,7 +20,7 @@ from conformance.metric_table import METRIC_NAMES
 
 #: what a failure message names as its cause: a metric, the processed-logprobs finding, or a
 #: protocol violation (an answer of the wrong shape)
-NAMED_CAUSES = (*METRIC_NAMES, "PROCESSED", "returned rows of")
+NAMED_CAUSES = (*METRIC_NAMES, "PROCESSED", "returned rows of", "generate() gave completion")
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINES = "tests.support.engines:"
@@ -72,6 +72,10 @@ DEFECTS = [
     ("StaleGroupLogprobs", ["rollout_parity"], {"rollout_parity"}, "profile fp32"),
     # rows in the wrong order have the wrong lengths: the shrunk case is a protocol violation
     ("ShuffledOrder", ["prefill_parity"], {"prefill_parity"}, "returned rows of"),
+    ("ZeroStopLogprob", [], {"rollout_parity"}, "abs_diff_max"),
+    # the same number of tokens and log-probs, but the rollout says it stopped and its last
+    # token is no stop id
+    ("DroppedStopToken", [], {"rollout_parity"}, "the stop token dropped?"),
 ]
 
 

@@ -182,6 +182,34 @@ class ShuffledOrder(HFGenerateEngine):
         return sorted(super().score(sequences), key=len)
 
 
+class ZeroStopLogprob(HFGenerateEngine):
+    """Reports 0.0 as the log-prob of the token that stopped a rollout, as engines that fill
+    the stop step's entry instead of reading the sampler's value do."""
+
+    name = "zero-stop-logprob"
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        completions = super().generate(prompts, spec, **kw)
+        return _edit_logprobs(
+            completions,
+            lambda c: [*c.logprobs[:-1], 0.0] if c.finish_reason == "stop" else c.logprobs,
+        )
+
+
+class DroppedStopToken(HFGenerateEngine):
+    """Drops the token that stopped a rollout from its tokens (as text output trims it) but
+    keeps its log-prob, so every log-prob of a stopped rollout sits one token late."""
+
+    name = "dropped-stop-token"
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        completions = super().generate(prompts, spec, **kw)
+        for c in completions:
+            if c.finish_reason == "stop" and len(c.tokens) > 1:
+                c.tokens, c.logprobs = c.tokens[:-1], c.logprobs[1:]
+        return completions
+
+
 # -- sound controls -----------------------------------------------------------------------
 class OneAtATime(HFGenerateEngine):
     """Sound: samples and scores each prompt in a batch of its own (another batch layout)."""
