@@ -377,6 +377,7 @@ def sampling_specs(
     seed: int | SearchStrategy[int] = SEEDS,
     ignore_eos: bool | SearchStrategy[bool] = True,
     stop_token_ids: Sequence[int] | SearchStrategy[Sequence[int]] = (),
+    stop: Sequence[str] | SearchStrategy[Sequence[str]] = (),
 ) -> SearchStrategy[SamplingSpec]:
     """Return a strategy for sampling specs. Shrinks towards temperature 1, no top-p/top-k,
     and (with ``ignore_eos`` a strategy such as :data:`IGNORE_EOS`) fixed-length rollouts.
@@ -384,10 +385,12 @@ def sampling_specs(
     - stop_token_ids: the ids that end the rollouts that do not ignore EOS
       (:func:`stop_token_ids` draws them); a spec ignoring EOS stops at nothing. Under
       :func:`at_top_sizes` a drawn ``ignore_eos`` is False: the top-size case stops.
+    - stop: stop strings of those rollouts (engines with a tokenizer match them).
     """
     parts = (max_new_tokens, temperature, top_p, top_k, seed, ignore_eos)
     fields = [_as_strategy(p) for p in parts]
     stops = _as_strategy(stop_token_ids)
+    texts = _as_strategy(stop)
 
     @st.composite
     def build(draw: st.DrawFn) -> SamplingSpec:
@@ -403,6 +406,7 @@ def sampling_specs(
             seed=drawn_seed,
             ignore_eos=ignore,
             stop_token_ids=() if ignore else tuple(draw(stops)),
+            stop=() if ignore else tuple(draw(texts)),
         )
 
     return build()

@@ -117,3 +117,20 @@ def generated_rows(
         lp_infer.append(list(completion.logprobs))
         positions.append(list(range(len(completion.tokens))))
     return lp_train, lp_infer, positions
+
+
+def model_tokenizer(model: Any) -> Any:
+    """The model folder's tokenizer; the running check skips, saying so, where it has none."""
+    import pytest
+
+    try:
+        return _tokenizer(str(model.path))
+    except (OSError, ValueError) as exc:
+        pytest.skip(f"the model has no tokenizer ({str(exc).strip().splitlines()[0]})")
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)

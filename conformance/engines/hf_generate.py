@@ -56,8 +56,8 @@ class HFGenerateEngine(Engine):
 
         if spec.stop:
             raise NotImplementedError(
-                f"engine {self.name!r} takes no stop strings (it runs on token ids, without the "
-                "tokenizer that matching text needs)"
+                f"engine {self.name!r} does not match stop strings (it runs on token ids "
+                "alone; matching text needs the tokenizer)"
             )
         stops = spec.stops_at(self._eos_id)
         width = max(map(len, prompts))

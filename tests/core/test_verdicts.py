@@ -76,6 +76,7 @@ DEFECTS = [
     # the same number of tokens and log-probs, but the rollout says it stopped and its last
     # token is no stop id
     ("DroppedStopToken", [], {"rollout_parity"}, "the stop token dropped?"),
+    ("RetokenizesBetweenTurns", [], {"multi_turn"}, "abs_diff_max"),
 ]
 
 

@@ -210,6 +210,39 @@ class DroppedStopToken(HFGenerateEngine):
         return completions
 
 
+class RetokenizesBetweenTurns(HFGenerateEngine):
+    """Continues a conversation from its text: a prompt that extends one of its own earlier
+    rollouts is detokenized and retokenized before generating, as frameworks passing text
+    between turns do (huggingface/trl#5224, volcengine/verl#6501), while the rollout claims
+    the ids it was given."""
+
+    name = "retokenizes-between-turns"
+
+    def __init__(self, config: EngineConfig) -> None:
+        from transformers import AutoTokenizer
+
+        super().__init__(config)
+        self._tokenizer = AutoTokenizer.from_pretrained(config.model)
+        self._sampled: set[tuple[int, ...]] = set()
+
+    def _continues(self, prompt: Sequence[int]) -> bool:
+        return any(tuple(prompt[:n]) in self._sampled for n in range(1, len(prompt)))
+
+    def _retokenized(self, prompt: Sequence[int]) -> list[int]:
+        """The ids of the prompt's text; their last ``len(prompt)`` (text of random ids
+        retokenizes longer, and the context must still fit)."""
+        text = self._tokenizer.decode(list(prompt))
+        return self._tokenizer.encode(text, add_special_tokens=False)[-len(prompt) :]
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        given = [self._retokenized(p) if self._continues(p) else p for p in prompts]
+        completions = super().generate(given, spec, **kw)
+        for completion, prompt in zip(completions, prompts, strict=True):
+            completion.prompt = list(prompt)
+            self._sampled.add(tuple(completion.sequence))
+        return completions
+
+
 # -- sound controls -----------------------------------------------------------------------
 class OneAtATime(HFGenerateEngine):
     """Sound: samples and scores each prompt in a batch of its own (another batch layout)."""
