@@ -39,6 +39,9 @@ from conformance.profiles import load_profile
 from conformance.session import HarnessSession
 from conformance.stack import StackSpec
 
+#: the default model's EOS id
+EOS = 1
+
 
 @dataclass(frozen=True)
 class Subject:
@@ -225,6 +228,22 @@ def test_top_logprobs_rank_the_sampled_distribution(stack: Stack, sequences) -> 
 def test_sampled_logprobs_equal_the_engines_own_scoring(stack: Stack, sequences) -> None:
     engine = stack.engine()
     rollouts = engine.generate(sequences[:6], SamplingSpec(max_new_tokens=8, seed=3))
+    scored = sampled_tail(engine.score([c.sequence for c in rollouts]), rollouts)
+    assert metrics(scored, [c.logprobs for c in rollouts])["abs_diff_max"] < 1e-4
+
+
+def test_a_stopped_rollout_keeps_its_stop_token_and_its_logprob(stack: Stack, sequences) -> None:
+    engine = stack.engine()
+    # 16 stop ids: about one step in thirty ends a rollout, so 12 rollouts of 24 tokens mix
+    # both endings (all alike about one run in 5,000)
+    stops, budget = tuple(range(3, 384, 24)), 24
+    spec = SamplingSpec(max_new_tokens=budget, seed=5, ignore_eos=False, stop_token_ids=stops)
+    rollouts = engine.generate(sequences, spec)
+    assert {c.finish_reason for c in rollouts} == {"stop", "length"}
+    ending = {*stops, EOS}
+    for c in rollouts:
+        assert len(c.tokens) == len(c.logprobs) and not ending & set(c.tokens[:-1])
+        assert c.tokens[-1] in ending if c.finish_reason == "stop" else len(c.tokens) == budget
     scored = sampled_tail(engine.score([c.sequence for c in rollouts]), rollouts)
     assert metrics(scored, [c.logprobs for c in rollouts])["abs_diff_max"] < 1e-4
 
