@@ -30,9 +30,12 @@ class ProtocolViolation(AssertionError):
     one log-prob per token): a conformance failure, not a crash."""
 
 
-def check_answer(label: str, method: str, args: tuple[Any, ...], result: Any) -> None:
+def check_answer(
+    label: str, method: str, args: tuple[Any, ...], result: Any, eos_token_id: int | None = None
+) -> None:
     """Raise :class:`ProtocolViolation` when an Engine or Backend call's result does not line
-    up with its inputs (``Engine.generate``/``score``, ``Backend.recompute``)."""
+    up with its inputs (``Engine.generate``/``score``, ``Backend.recompute``); a rollout must
+    end as its ``finish_reason`` says (``eos_token_id``: the model's EOS)."""
     if method == "generate":
         prompts = args[0]
         if len(result) != len(prompts):
@@ -45,6 +48,9 @@ def check_answer(label: str, method: str, args: tuple[Any, ...], result: Any) ->
                     f"{label} generate() gave completion {row} {len(completion.tokens)} tokens "
                     f"but {len(completion.logprobs)} log-probs"
                 )
+            problem = len(args) > 1 and _ending_problem(completion, args[1], eos_token_id)
+            if problem:
+                raise ProtocolViolation(f"{label} generate() gave completion {row} {problem}")
     elif method in ("score", "recompute"):
         sequences = args[0]
         rows = result.logprobs if method == "recompute" else result
@@ -55,6 +61,34 @@ def check_answer(label: str, method: str, args: tuple[Any, ...], result: Any) ->
                 f"{label} {method}() returned rows of {lengths[:8]} log-probs for sequences "
                 f"needing {wanted[:8]}"
             )
+
+
+def _ending_problem(completion: Any, spec: Any, eos_token_id: int | None) -> str:
+    """How a completion's end contradicts its ``finish_reason`` and the spec, or ``""``.
+
+    ``"length"`` means ``max_new_tokens`` tokens; ``"stop"`` a rollout whose last token is a
+    stop id (or, with stop strings, whose text the engine matched: the stop-string check holds
+    that); no rollout runs on past a stop id or the length.
+    """
+    tokens, reason = completion.tokens, completion.finish_reason
+    stops = spec.stops_at(eos_token_id)
+    early = [t for t in tokens[:-1] if t in stops]
+    if len(tokens) > spec.max_new_tokens or early:
+        return f"{len(tokens)} tokens running on past " + (
+            f"stop id {early[0]}" if early else f"max_new_tokens={spec.max_new_tokens}"
+        )
+    if reason == "length" and len(tokens) != spec.max_new_tokens:
+        return (
+            f"{len(tokens)} tokens, finish_reason 'length' and max_new_tokens={spec.max_new_tokens}"
+        )
+    if reason == "stop" and not spec.stop and not (tokens and tokens[-1] in stops):
+        return (
+            f"finish_reason 'stop' but its last token {tokens[-1:]} is no stop id "
+            f"{sorted(stops)} (the stop token dropped?)"
+        )
+    if reason not in ("stop", "length"):
+        return f"finish_reason {reason!r} (expected 'stop' or 'length')"
+    return ""
 
 
 @contextmanager
@@ -96,8 +130,11 @@ class Guarded:
         on_crash: Callable[[str], None],
         timing: dict[str, float],
         deadline_s: float | None,
+        eos_token_id: int | None = None,
     ) -> None:
         self.inner = inner
+        #: the model's EOS, which ends a rollout not ignoring it (see ``check_answer``)
+        self._eos_token_id = eos_token_id
         self.kind = kind
         self._label = f"{kind} {inner.name!r}"
         self._on_crash = on_crash
@@ -143,7 +180,8 @@ class Guarded:
             ) from exc
         finally:
             self._timing[f"{self.kind}_s"] += time.perf_counter() - started
-        check_answer(self._label, method, args, result)
+        given = (*args, kwargs["spec"]) if "spec" in kwargs else args
+        check_answer(self._label, method, given, result, self._eos_token_id)
         return result
 
     def close(self) -> None:

@@ -154,6 +154,7 @@ class HarnessSession:
             on_crash=self._on_crash,
             timing=self.timing,
             deadline_s=self.spec.call_timeout,
+            eos_token_id=self.model_info.eos_token_id,
         )
         info = guarded.info()
         # an engine's own artefacts (converted weights, compiled graphs) join its fingerprint

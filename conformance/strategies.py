@@ -29,6 +29,10 @@ TEMPERATURES = st.sampled_from([1.0, 0.7, 0.5, 1.3])
 TOP_PS = st.sampled_from([1.0, 0.9, 0.5])
 TOP_KS = st.sampled_from([0, 20])
 SEEDS = st.integers(0, 2**31 - 1)
+#: rollouts that run to the length (what shrinking reaches) or stop at a stop id, as RL's do
+IGNORE_EOS = st.sampled_from([True, False])
+#: most ids besides EOS a drawn spec stops at (see :func:`stop_token_ids`)
+MAX_STOP_IDS = 4
 #: seeds of a prompt's token ids (see token_sequences)
 _ID_SEEDS = st.integers(0, 2**32 - 1)
 #: lengths of repeated-token runs in a sequence; 1 = no repetition
@@ -387,6 +391,24 @@ def token_batches(
     return build()
 
 
+def stop_token_ids(
+    vocab_size: int, *, eos_token_id: int | None = None, max_ids: int = MAX_STOP_IDS
+) -> SearchStrategy[tuple[int, ...]]:
+    """Return a strategy for the ids that end a rollout: the model's EOS and up to ``max_ids``
+    distinct ids drawn uniformly from the vocabulary, sorted. Shrinks towards EOS alone.
+
+    A model rarely samples its EOS, least of all a random one (the default model: 0.4 % of
+    sampled tokens), so stops come mostly from the drawn ids, as RL stacks add the chat
+    template's end-of-turn ids to EOS: with the default model each id ends about one
+    128-token rollout in eight, so batches mix rollouts that stopped early with rollouts
+    capped at the length.
+    """
+    _check_range("stop_token_ids", 1, vocab_size, 1)
+    eos = () if eos_token_id is None else (eos_token_id,)
+    drawn = st.lists(st.integers(0, vocab_size - 1), max_size=max_ids, unique=True)
+    return drawn.map(lambda ids: tuple(sorted({*eos, *ids})))
+
+
 def sampling_specs(
     *,
     max_new_tokens: int | SearchStrategy[int] = NEW_TOKENS,
@@ -395,17 +417,40 @@ def sampling_specs(
     top_k: int | SearchStrategy[int] = TOP_KS,
     seed: int | SearchStrategy[int] = SEEDS,
     ignore_eos: bool | SearchStrategy[bool] = True,
+    stop_token_ids: Sequence[int] | SearchStrategy[Sequence[int]] = (),
+    stop: Sequence[str] | SearchStrategy[Sequence[str]] = (),
 ) -> SearchStrategy[SamplingSpec]:
-    """Return a strategy for sampling specs. Shrinks towards temperature 1, no top-p/top-k."""
-    return st.builds(
-        SamplingSpec,
-        max_new_tokens=_as_strategy(max_new_tokens),
-        temperature=_as_strategy(temperature),
-        top_p=_as_strategy(top_p),
-        top_k=_as_strategy(top_k),
-        seed=_as_strategy(seed),
-        ignore_eos=_as_strategy(ignore_eos),
-    )
+    """Return a strategy for sampling specs. Shrinks towards temperature 1, no top-p/top-k,
+    and (with ``ignore_eos`` a strategy such as :data:`IGNORE_EOS`) fixed-length rollouts.
+
+    - stop_token_ids: the ids that end the rollouts that do not ignore EOS
+      (:func:`stop_token_ids` draws them); a spec ignoring EOS stops at nothing. Under
+      :func:`at_top_sizes` a drawn ``ignore_eos`` is False: the top-size case stops.
+    - stop: stop strings of those rollouts (engines with a tokenizer match them).
+    """
+    parts = (max_new_tokens, temperature, top_p, top_k, seed, ignore_eos)
+    fields = [_as_strategy(p) for p in parts]
+    stops = _as_strategy(stop_token_ids)
+    texts = _as_strategy(stop)
+
+    @st.composite
+    def build(draw: st.DrawFn) -> SamplingSpec:
+        new, temp, p, k, drawn_seed, ignore = (draw(f) for f in fields)
+        if _AT_TOP.get() and not isinstance(ignore_eos, bool):
+            # the largest case is RL's: long rollouts that stop mixed with ones at the length
+            ignore = False
+        return SamplingSpec(
+            max_new_tokens=new,
+            temperature=temp,
+            top_p=p,
+            top_k=k,
+            seed=drawn_seed,
+            ignore_eos=ignore,
+            stop_token_ids=() if ignore else tuple(draw(stops)),
+            stop=() if ignore else tuple(draw(texts)),
+        )
+
+    return build()
 
 
 def precisions(names: Sequence[str] = DTYPE_NAMES) -> SearchStrategy[str]:

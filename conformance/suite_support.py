@@ -10,13 +10,16 @@ from typing import Any
 from hypothesis import strategies as st
 
 from conformance.depth import Depth
-from conformance.engines.base import Completion
+from conformance.engines.base import Completion, SamplingSpec
 from conformance.strategies import (
     BATCH_KINDS,
+    IGNORE_EOS,
     BatchKind,
     BatchShape,
     batch_shapes,
     log_sizes,
+    sampling_specs,
+    stop_token_ids,
     token_batches,
 )
 
@@ -78,6 +81,26 @@ def new_tokens(depth: Depth) -> st.SearchStrategy[int]:
     return log_sizes(1, depth.max_new_tokens)
 
 
+def rollout_specs(model: Any, depth: Depth, **fixed: Any) -> st.SearchStrategy[SamplingSpec]:
+    """Sampling specs as RL draws them: lengths up to the depth's, and rollouts that either run
+    to the length or stop at the model's EOS and drawn stop ids (so a batch mixes both);
+    ``fixed`` overrides any :func:`sampling_specs` argument."""
+    return _rollout_specs(model.vocab_size, model.eos_token_id, depth, tuple(sorted(fixed.items())))
+
+
+# built once per suite and arguments, as _prompt_batches is
+@functools.lru_cache(maxsize=256)
+def _rollout_specs(
+    vocab_size: int, eos_token_id: int | None, depth: Depth, fixed: tuple[tuple[str, Any], ...]
+) -> st.SearchStrategy[SamplingSpec]:
+    drawn: dict[str, Any] = {
+        "max_new_tokens": new_tokens(depth),
+        "ignore_eos": IGNORE_EOS,
+        "stop_token_ids": stop_token_ids(vocab_size, eos_token_id=eos_token_id),
+    }
+    return sampling_specs(**{**drawn, **dict(fixed)})
+
+
 def generated_rows(
     completions: Sequence[Completion], recomputed: Sequence[Any]
 ) -> tuple[list[list[float]], list[list[float]], list[list[int]]]:
@@ -94,3 +117,20 @@ def generated_rows(
         lp_infer.append(list(completion.logprobs))
         positions.append(list(range(len(completion.tokens))))
     return lp_train, lp_infer, positions
+
+
+def model_tokenizer(model: Any) -> Any:
+    """The model folder's tokenizer; the running check skips, saying so, where it has none."""
+    import pytest
+
+    try:
+        return _tokenizer(str(model.path))
+    except (OSError, ValueError) as exc:
+        pytest.skip(f"the model has no tokenizer ({str(exc).strip().splitlines()[0]})")
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)

@@ -36,6 +36,9 @@ def verdict_lines(report: Report, report_dir: Path | None) -> list[str]:
             f"  {r}" + (f" ({n} checks)" if n > 1 else "") for r, n in sorted(reasons.items())
         ]
     for check in report.checks:
+        if check.status == "pass" and check.message:
+            # what a passing check reports (a measurement not judged) or could not cover
+            lines.append(f"NOTE {check.nodeid}: {check.message}")
         if check.status in ("fail", "error", "interrupted"):
             lines.append(f"{check.status.upper()} {check.nodeid}: {check.message}")
             if check.shrink is not None and check.shrink.cut_short:

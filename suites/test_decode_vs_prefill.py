@@ -10,15 +10,13 @@ truncation, so raw and processed logprobs coincide and any gap is the decode pat
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.strategies import sampling_specs
-from conformance.suite_support import generated_rows, new_tokens, prompt_batches
+from conformance.suite_support import generated_rows, prompt_batches, rollout_specs
 
 
 @given(data=st.data())
 def test_decode_vs_prefill(data, engine, model, depth, recorder):
     spec = data.draw(
-        sampling_specs(max_new_tokens=new_tokens(depth), temperature=1.0, top_p=1.0, top_k=0),
-        label="sampling",
+        rollout_specs(model, depth, temperature=1.0, top_p=1.0, top_k=0), label="sampling"
     )
     shape, prompts = data.draw(
         prompt_batches(model, depth, max_new_tokens=spec.max_new_tokens), label="batch"

@@ -12,8 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.strategies import sampling_specs
-from conformance.suite_support import new_tokens, prompt_batches
+from conformance.suite_support import prompt_batches, rollout_specs
 
 
 @given(data=st.data())
@@ -39,7 +38,7 @@ def test_scoring_is_deterministic(data, engine, model, depth, recorder):
 def test_seeded_sampling_is_deterministic(data, engine, model, depth, recorder):
     if engine.info().get("seeded") is False:
         pytest.skip(f"engine {engine.name!r} cannot seed its sampling (its info() says so)")
-    spec = data.draw(sampling_specs(max_new_tokens=new_tokens(depth)), label="sampling")
+    spec = data.draw(rollout_specs(model, depth), label="sampling")
     shape, prompts = data.draw(
         prompt_batches(model, depth, max_new_tokens=spec.max_new_tokens), label="batch"
     )

@@ -23,8 +23,7 @@ from hypothesis import strategies as st
 
 from conformance.knobs import MAX_VARIANTS, cover, smallest_failing, with_requirements
 from conformance.outcome import ProfileViolation, first_line
-from conformance.strategies import sampling_specs
-from conformance.suite_support import generated_rows, new_tokens, prompt_batches
+from conformance.suite_support import generated_rows, prompt_batches, rollout_specs
 
 
 def compare(
@@ -74,7 +73,7 @@ def test_knobs_keep_logprobs(index, tim, engine, model, depth, recorder):
     def knobs_keep_logprobs(data):
         shape, sequences = data.draw(prompt_batches(model, depth, min_len=2), label="batch")
         check(sequences, shape, None)
-        spec = data.draw(sampling_specs(max_new_tokens=new_tokens(depth)), label="sampling")
+        spec = data.draw(rollout_specs(model, depth), label="sampling")
         shape, prompts = data.draw(
             prompt_batches(model, depth, max_new_tokens=spec.max_new_tokens), label="batch"
         )

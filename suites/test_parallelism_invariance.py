@@ -18,8 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.strategies import sampling_specs
-from conformance.suite_support import generated_rows, new_tokens, prompt_batches
+from conformance.suite_support import generated_rows, prompt_batches, rollout_specs
 
 
 def _parallel_size(component: Any, kind: str) -> dict[str, int]:
@@ -57,7 +56,7 @@ def test_engine_parallelism_invariance(data, single_engine, engine, model, depth
     recorder.case(sequences, shape, **parallel)
     recorder.check_profile(recorder.measure(single.score(sequences), engine.score(sequences)))
 
-    spec = data.draw(sampling_specs(max_new_tokens=new_tokens(depth)), label="sampling")
+    spec = data.draw(rollout_specs(model, depth), label="sampling")
     shape, prompts = data.draw(
         prompt_batches(model, depth, max_new_tokens=spec.max_new_tokens), label="rollout"
     )

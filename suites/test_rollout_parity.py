@@ -9,13 +9,12 @@ lengths and batch sizes up to the search depth, for RL-shaped batches too.
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.strategies import sampling_specs
-from conformance.suite_support import generated_rows, new_tokens, prompt_batches
+from conformance.suite_support import generated_rows, prompt_batches, rollout_specs
 
 
 @given(data=st.data())
 def test_rollout_parity(data, engine, backend, model, depth, recorder):
-    spec = data.draw(sampling_specs(max_new_tokens=new_tokens(depth)), label="sampling")
+    spec = data.draw(rollout_specs(model, depth), label="sampling")
     shape, prompts = data.draw(
         prompt_batches(model, depth, max_new_tokens=spec.max_new_tokens), label="batch"
     )

@@ -227,6 +227,34 @@ def test_sampled_logprobs_equal_the_engines_own_scoring(subject: Subject, sequen
     assert measured < 1e-4, f"generate()'s log-probs must equal score()'s: {measured}"
 
 
+def test_a_stopped_rollout_keeps_its_stop_token_and_its_logprob(
+    subject: Subject, sequences
+) -> None:
+    from conformance.models.info import inspect_model
+
+    engine = subject.engine()
+    # 16 stop ids: about one step in thirty ends a rollout, so 12 rollouts of 24 tokens mix
+    # both endings (all alike about one run in 5,000)
+    stops, budget = tuple(range(3, 384, 24)), 24
+    spec = SamplingSpec(max_new_tokens=budget, seed=5, ignore_eos=False, stop_token_ids=stops)
+    rollouts = engine.generate(sequences, spec)
+    assert {c.finish_reason for c in rollouts} == {"stop", "length"}, (
+        "generate() must report finish_reason 'stop' for a rollout a stop id ended, "
+        "'length' for one that reached max_new_tokens"
+    )
+    ending = spec.stops_at(inspect_model(subject.model).eos_token_id)
+    for c in rollouts:
+        assert len(c.tokens) == len(c.logprobs) and not ending & set(c.tokens[:-1]), (
+            "generate() must end a rollout at its first stop id, a log-prob per token"
+        )
+        assert c.tokens[-1] in ending if c.finish_reason == "stop" else len(c.tokens) == budget, (
+            "a stopped rollout must keep its stop token (and its log-prob) as its last token"
+        )
+    scored = sampled_tail(engine.score([c.sequence for c in rollouts]), rollouts)
+    measured = metrics(scored, [c.logprobs for c in rollouts])["abs_diff_max"]
+    assert measured < 1e-4, f"a stop token's log-prob must equal score()'s: {measured}"
+
+
 def test_a_seed_reproduces_the_rollouts(subject: Subject, sequences) -> None:
     engine = subject.engine()
     if not engine.info().get("seeded", True):

@@ -207,6 +207,18 @@ def activate_standin(folder: str) -> None:
 
 
 def sampling_params(spec: SamplingSpec) -> dict[str, Any]:
+    """SGLang's sampling fields for ``spec``.
+
+    SGLang keeps the token that ended a rollout (EOS or a ``stop_token_ids`` entry) in
+    ``output_token_logprobs``; ``no_stop_trim`` keeps it in ``output_ids`` too, where the
+    detokenizing path would trim it. Stop strings need the text, and the engine runs on token
+    ids alone (``skip_tokenizer_init``), so a spec with them is refused as a missing feature.
+    """
+    if spec.stop:
+        raise NotImplementedError(
+            "SGLang runs here on token ids alone (skip_tokenizer_init): it cannot match stop "
+            "strings, which need the tokenizer"
+        )
     return {
         "max_new_tokens": spec.max_new_tokens,
         "temperature": spec.temperature,
@@ -214,6 +226,8 @@ def sampling_params(spec: SamplingSpec) -> dict[str, Any]:
         # SGLang spells "off" as -1
         "top_k": spec.top_k or -1,
         "ignore_eos": spec.ignore_eos,
+        "stop_token_ids": list(spec.stop_token_ids),
+        "no_stop_trim": True,
         # one seed per request: a prompt's rollout does not depend on its batch-mates
         "sampling_seed": spec.seed,
     }

@@ -10,7 +10,7 @@ from typing import Any
 
 from conformance.engines import VLLM_INSTALL as INSTALL_HINT
 from conformance.engines._options import parse_bool, parse_engine_options, parse_positive_int
-from conformance.engines.base import EngineConfig, Knob, LogprobKind
+from conformance.engines.base import EngineConfig, Knob, LogprobKind, SamplingSpec
 from conformance.env import VLLM_KV_CACHE
 from conformance.errors import EngineUnavailable, UsageError
 from conformance.parallel import ParallelSetting
@@ -71,6 +71,22 @@ KNOBS: dict[str, Knob] = {
 
 #: the option value that keeps the prefix cache on (vLLM V1's default for these models)
 PREFIX_CACHE: dict[str, str] = {"enable_prefix_caching": "true"}
+
+
+def stop_params(spec: SamplingSpec) -> dict[str, Any]:
+    """``SamplingParams`` fields (and ``/v1/completions`` ones) that say when a rollout stops.
+
+    vLLM keeps the token that stopped a rollout — EOS, a ``stop_token_ids`` entry, or the one
+    completing a ``stop`` string — in its token ids with its log-prob; only the text leaves it
+    out (``include_stop_str_in_output``), and the text is what a stop string cuts. Nothing is
+    detokenized unless stop strings need the text.
+    """
+    return {
+        "ignore_eos": spec.ignore_eos,
+        "stop_token_ids": list(spec.stop_token_ids),
+        "stop": list(spec.stop),
+        "detokenize": bool(spec.stop),
+    }
 
 
 def parse_options(

@@ -35,17 +35,31 @@ class LogprobKind(enum.StrEnum):
 
 @dataclass(frozen=True)
 class SamplingSpec:
-    """How to sample. ``top_k = 0`` and ``top_p = 1.0`` mean "off"."""
+    """How to sample. ``top_k = 0`` and ``top_p = 1.0`` mean "off".
+
+    A rollout ends at ``max_new_tokens`` (``finish_reason`` ``"length"``) or, unless
+    ``ignore_eos``, at the model's EOS, at any id in ``stop_token_ids`` or once its text ends in
+    one of the ``stop`` strings (``"stop"``). A stopped rollout's tokens and log-probs include
+    the token that stopped it: the trainer recomputes, and trains on, that token too.
+    """
 
     max_new_tokens: int = 8
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int = 0
-    #: fixed-length rollouts make engine and backend comparable token by token
+    #: fixed-length rollouts: nothing ends a rollout before ``max_new_tokens``
     ignore_eos: bool = True
+    #: ids besides the model's EOS that end a rollout (RL stacks list several, EOS among them)
+    stop_token_ids: tuple[int, ...] = ()
+    #: texts that end a rollout once its detokenized text contains one (engines with a
+    #: tokenizer); the ids and log-probs of every token up to the one completing it are returned
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        # lists are accepted, as a user writes them; the spec stays hashable
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        object.__setattr__(self, "stop", tuple(self.stop))
         if self.max_new_tokens < 1:
             raise UsageError(f"max_new_tokens={self.max_new_tokens}", "use max_new_tokens >= 1")
         if self.temperature <= 0:
@@ -54,6 +68,16 @@ class SamplingSpec:
             raise UsageError(f"top_p={self.top_p}", "use 0 < top_p <= 1")
         if self.top_k < 0:
             raise UsageError(f"top_k={self.top_k}", "use top_k >= 0 (0 = off)")
+        if self.ignore_eos and (self.stop_token_ids or self.stop):
+            raise UsageError(
+                "stop_token_ids/stop given with ignore_eos=True (rollouts that never stop)",
+                "pass ignore_eos=False to stop rollouts, or drop the stop ids and strings",
+            )
+        if any(t < 0 for t in self.stop_token_ids) or not all(self.stop):
+            raise UsageError(
+                f"stop_token_ids={list(self.stop_token_ids)} stop={list(self.stop)}",
+                "use token ids >= 0 and non-empty stop strings",
+            )
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -63,7 +87,15 @@ class SamplingSpec:
             "top_k": self.top_k,
             "seed": self.seed,
             "ignore_eos": self.ignore_eos,
+            "stop_token_ids": list(self.stop_token_ids),
+            "stop": list(self.stop),
         }
+
+    def stops_at(self, eos_token_id: int | None) -> frozenset[int]:
+        """The ids that end a rollout under this spec, given the model's EOS."""
+        if self.ignore_eos:
+            return frozenset()
+        return frozenset(self.stop_token_ids) | ({eos_token_id} - {None})
 
 
 @dataclass
@@ -75,6 +107,8 @@ class Completion:
     logprobs: list[float]
     #: per sampled position, the engine's top-k ``{token_id: logprob}``, when asked for
     top_logprobs: list[dict[int, float]] | None = None
+    #: ``"stop"`` (a stop id or string ended it; its last token is the one that did) or
+    #: ``"length"`` (it has ``max_new_tokens`` tokens)
     finish_reason: str = "length"
 
     @property

@@ -36,6 +36,9 @@ class HFGenerateEngine(Engine):
         )
         self._pad_id = self._model.config.pad_token_id or 0
         self._eos_id = self._model.config.eos_token_id
+        # generate fills fields it is given unset from the model's generation config, so an
+        # EOS left there ended rollouts that ignore EOS (77 of 128 tokens, default model)
+        self._model.generation_config.eos_token_id = None
 
     @classmethod
     def check_options(cls, options: Mapping[str, str]) -> None:
@@ -52,6 +55,12 @@ class HFGenerateEngine(Engine):
         import torch
         from transformers import GenerationConfig
 
+        if spec.stop:
+            raise NotImplementedError(
+                f"engine {self.name!r} does not match stop strings (it runs on token ids "
+                "alone; matching text needs the tokenizer)"
+            )
+        stops = spec.stops_at(self._eos_id)
         width = max(map(len, prompts))
         ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
@@ -65,11 +74,11 @@ class HFGenerateEngine(Engine):
             top_p=spec.top_p,
             # 0 disables top-k; None would fall back to generate's default of 50
             top_k=spec.top_k,
-            # ignore_eos: no stop token, so every rollout has max_new_tokens tokens. Not None:
-            # generate fills None from the model's generation_config.json, stops a row at its
-            # EOS and pads it, and the pads were reported as sampled tokens (the
-            # sampler-fidelity suite found it: 17% of the tokens of 32 × 64 rollouts)
-            eos_token_id=[] if spec.ignore_eos else self._eos_id,
+            # the stop ids end a row; generate keeps the token that ended it, then pads the
+            # row. Never None: generate fills None from the model's generation_config.json
+            # and stopped rows at EOS under ignore_eos, reporting the pads as sampled tokens
+            # (the sampler-fidelity suite found it: 17% of the tokens of 32 × 64 rollouts)
+            eos_token_id=sorted(stops),
             pad_token_id=self._pad_id,
             return_dict_in_generate=True,
             output_logits=True,
@@ -89,7 +98,7 @@ class HFGenerateEngine(Engine):
         token_lp, _ = gather_logprobs(stacked, new_tokens)
         top = torch.log_softmax(stacked, -1).topk(top_logprobs, dim=-1) if top_logprobs else None
         return [
-            self._completion(list(prompts[row]), new_tokens[row], token_lp[row], top, row, spec)
+            self._completion(list(prompts[row]), new_tokens[row], token_lp[row], top, row, stops)
             for row in range(len(prompts))
         ]
 
@@ -100,14 +109,17 @@ class HFGenerateEngine(Engine):
         logprobs: Any,
         top: Any,
         row: int,
-        spec: SamplingSpec,
+        stops: frozenset[int],
     ) -> Completion:
+        import torch
+
         length = len(tokens)
         finish = "length"
-        if not spec.ignore_eos and self._eos_id is not None:
-            hits = (tokens == self._eos_id).nonzero()
+        if stops:
+            # the padding after a stop may be a stop id itself: the first hit is the stop
+            hits = torch.isin(tokens, torch.tensor(sorted(stops))).nonzero()
             if len(hits):
-                length, finish = int(hits[0]) + 1, "eos"
+                length, finish = int(hits[0]) + 1, "stop"
         top_lps = None
         if top is not None:
             top_lps = [

@@ -97,9 +97,8 @@ class VLLMEngine(Engine):
             top_k=spec.top_k,
             # one seed per request: a prompt's rollout does not depend on its batch-mates
             seed=spec.seed,
-            ignore_eos=spec.ignore_eos,
             logprobs=top_logprobs,
-            detokenize=False,
+            **common.stop_params(spec),
         )
         groups = common.seeded_groups([len(p) for p in prompts], spec.seed, self._seeded_chunk)
         outputs = [out for g in groups for out in self._run([prompts[i] for i in g], params)]

@@ -153,7 +153,7 @@ class VLLMServerEngine(ServerEngine):
                 "top_k": spec.top_k,
                 # one seed per request, as the in-process engine does
                 "seed": spec.seed,
-                "ignore_eos": spec.ignore_eos,
+                **{k: v for k, v in common.stop_params(spec).items() if k != "detokenize"},
                 "logprobs": top_logprobs,
                 "return_tokens_as_token_ids": True,
             }

@@ -289,7 +289,7 @@ def rl_step(
         "entropy": float(entropy[mask].mean()),
         **step_stats(updates),
         "response_length": float(lengths.float().mean()),
-        "eos_rate": statistics.mean(c.finish_reason == "eos" for c in completions),
+        "eos_rate": statistics.mean(c.finish_reason == "stop" for c in completions),
         "J": grpo.hacking_signal(advantages, lp_old.exp(), mask),
         "rho_outside_frac": float(outside.sum() / mask.sum()),
         "injected": config.scenario.level(step),

@@ -74,14 +74,14 @@ def test_eos_ends_a_rollout_when_not_ignored(default_model):
     ignored = engine.generate(prompts, SamplingSpec(max_new_tokens=budget, seed=1, ignore_eos=True))
     # both endings must occur, or the per-rollout checks below would hold vacuously
     endings = {c.finish_reason for c in stopped}
-    assert endings == {"eos", "length"}, endings
+    assert endings == {"stop", "length"}, endings
     for s, i in zip(stopped, ignored, strict=True):
         # the same seed samples the same tokens: a rollout stops at the first EOS it samples,
         # and ignoring EOS runs on through it to the full budget
         assert i.finish_reason == "length" and len(i.tokens) == budget
         end = i.tokens.index(eos) + 1 if eos in i.tokens else budget
         assert s.tokens == i.tokens[:end]
-        assert s.finish_reason == ("eos" if eos in i.tokens else "length")
+        assert s.finish_reason == ("stop" if eos in i.tokens else "length")
         assert len(s.logprobs) == len(s.tokens)
 
 

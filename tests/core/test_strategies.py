@@ -15,16 +15,19 @@ from conformance.recorder import one_example_at_batch_size, one_example_at_top
 from conformance.strategies import (
     BATCH_KINDS,
     GROUP_SIZES,
+    IGNORE_EOS,
+    at_top_sizes,
     batch_buckets,
     batch_shapes,
     log_sizes,
     precisions,
     sampling_specs,
+    stop_token_ids,
     token_batches,
     token_ids,
     token_sequences,
 )
-from conformance.suite_support import new_tokens, prompt_batches
+from conformance.suite_support import new_tokens, prompt_batches, rollout_specs
 
 VOCAB = 384
 #: drawing realistic sizes is the point here; a loaded CI machine must not turn it into a
@@ -228,3 +231,35 @@ def test_every_run_reaches_every_batch_size_bucket(name):
 )
 def test_batch_buckets_end_at_the_largest_size(top, sizes):
     assert batch_buckets(top) == sizes
+
+
+MODEL = SimpleNamespace(vocab_size=VOCAB, eos_token_id=1)
+
+
+def test_rollout_specs_shrink_to_fixed_length_and_reach_stops_with_eos_among_them():
+    depth = DEPTHS["quick"]
+    simplest = find(rollout_specs(MODEL, depth), lambda s: True)
+    assert simplest == SamplingSpec(max_new_tokens=1, seed=0)
+    stopping = find(rollout_specs(MODEL, depth), lambda s: len(s.stop_token_ids) > 2)
+    assert not stopping.ignore_eos and 1 in stopping.stop_token_ids
+    # the smallest stopping spec stops at EOS alone
+    assert find(rollout_specs(MODEL, depth), lambda s: not s.ignore_eos).stop_token_ids == (1,)
+
+
+@SLOW_DRAWS
+@given(st.data())
+def test_the_example_at_the_top_stops(data):
+    spec = data.draw(sampling_specs(ignore_eos=IGNORE_EOS, stop_token_ids=stop_token_ids(VOCAB)))
+    assert not spec.ignore_eos or spec.stop_token_ids == ()
+    with at_top_sizes():
+        top = data.draw(sampling_specs(ignore_eos=IGNORE_EOS, stop_token_ids=(1, 7)))
+    assert not top.ignore_eos and top.stop_token_ids == (1, 7)
+
+
+def test_a_spec_that_ignores_eos_takes_no_stops():
+    with pytest.raises(UsageError, match="ignore_eos=False"):
+        SamplingSpec(stop_token_ids=[5])
+    spec = SamplingSpec(ignore_eos=False, stop_token_ids=[7, 5])
+    assert spec.stop_token_ids == (7, 5) and spec.stops_at(1) == {1, 5, 7}
+    assert SamplingSpec().stops_at(1) == frozenset()
+    assert find(sampling_specs(stop_token_ids=(5,)), lambda s: True).stop_token_ids == ()

@@ -20,7 +20,13 @@ from conformance.metric_table import METRIC_NAMES
 
 #: what a failure message names as its cause: a metric, the processed-logprobs finding, a
 #: protocol violation (an answer of the wrong shape), or the sampler-fidelity test
-NAMED_CAUSES = (*METRIC_NAMES, "PROCESSED", "returned rows of", "uniformity p-value")
+NAMED_CAUSES = (
+    *METRIC_NAMES,
+    "PROCESSED",
+    "returned rows of",
+    "generate() gave completion",
+    "uniformity p-value",
+)
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINES = "tests.support.engines:"
@@ -78,6 +84,11 @@ DEFECTS = [
     ("TopKOffByOne", ["sampler_fidelity"], {"sampler_fidelity"}, "uniformity p-value"),
     ("StalePrefixCache", ["weight_sync"], {"weight_sync"}, "abs_diff_max"),
     ("MiddleBatchNumerics", ["batch_invariance"], {"batch_invariance"}, "profile fp32"),
+    ("ZeroStopLogprob", [], {"rollout_parity"}, "abs_diff_max"),
+    # the same number of tokens and log-probs, but the rollout says it stopped and its last
+    # token is no stop id
+    ("DroppedStopToken", [], {"rollout_parity"}, "the stop token dropped?"),
+    ("RetokenizesBetweenTurns", [], {"multi_turn"}, "abs_diff_max"),
 ]
 
 

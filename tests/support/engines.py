@@ -183,6 +183,67 @@ class ShuffledOrder(HFGenerateEngine):
         return sorted(super().score(sequences), key=len)
 
 
+class ZeroStopLogprob(HFGenerateEngine):
+    """Reports 0.0 as the log-prob of the token that stopped a rollout, as engines that fill
+    the stop step's entry instead of reading the sampler's value do."""
+
+    name = "zero-stop-logprob"
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        completions = super().generate(prompts, spec, **kw)
+        return _edit_logprobs(
+            completions,
+            lambda c: [*c.logprobs[:-1], 0.0] if c.finish_reason == "stop" else c.logprobs,
+        )
+
+
+class DroppedStopToken(HFGenerateEngine):
+    """Drops the token that stopped a rollout from its tokens (as text output trims it) but
+    keeps its log-prob, so every log-prob of a stopped rollout sits one token late."""
+
+    name = "dropped-stop-token"
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        completions = super().generate(prompts, spec, **kw)
+        for c in completions:
+            if c.finish_reason == "stop" and len(c.tokens) > 1:
+                c.tokens, c.logprobs = c.tokens[:-1], c.logprobs[1:]
+        return completions
+
+
+class RetokenizesBetweenTurns(HFGenerateEngine):
+    """Continues a conversation from its text: a prompt that extends one of its own earlier
+    rollouts is detokenized and retokenized before generating, as frameworks passing text
+    between turns do (huggingface/trl#5224, volcengine/verl#6501), while the rollout claims
+    the ids it was given."""
+
+    name = "retokenizes-between-turns"
+
+    def __init__(self, config: EngineConfig) -> None:
+        from transformers import AutoTokenizer
+
+        super().__init__(config)
+        self._tokenizer = AutoTokenizer.from_pretrained(config.model)
+        self._sampled: set[tuple[int, ...]] = set()
+
+    def _continues(self, prompt: Sequence[int]) -> bool:
+        return any(tuple(prompt[:n]) in self._sampled for n in range(1, len(prompt)))
+
+    def _retokenized(self, prompt: Sequence[int]) -> list[int]:
+        """The ids of the prompt's text; their last ``len(prompt)`` (text of random ids
+        retokenizes longer, and the context must still fit)."""
+        text = self._tokenizer.decode(list(prompt))
+        return self._tokenizer.encode(text, add_special_tokens=False)[-len(prompt) :]
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        given = [self._retokenized(p) if self._continues(p) else p for p in prompts]
+        completions = super().generate(given, spec, **kw)
+        for completion, prompt in zip(completions, prompts, strict=True):
+            completion.prompt = list(prompt)
+            self._sampled.add(tuple(completion.sequence))
+        return completions
+
+
 # -- sound controls -----------------------------------------------------------------------
 class OneAtATime(HFGenerateEngine):
     """Sound: samples and scores each prompt in a batch of its own (another batch layout)."""
