@@ -425,7 +425,9 @@ def sampling_specs(
 
     - stop_token_ids: the ids that end the rollouts that do not ignore EOS
       (:func:`stop_token_ids` draws them); a spec ignoring EOS stops at nothing. Under
-      :func:`at_top_sizes` a drawn ``ignore_eos`` is False: the top-size case stops.
+      :func:`at_top_sizes` the simplest choice, ``ignore_eos``, runs every rollout to the
+      length: the top-size case is the longest one (a stop there would cut the very tokens it
+      is run for); the drawn examples stop.
     - stop: stop strings of those rollouts (engines with a tokenizer match them).
     """
     parts = (max_new_tokens, temperature, top_p, top_k, seed, ignore_eos)
@@ -436,9 +438,6 @@ def sampling_specs(
     @st.composite
     def build(draw: st.DrawFn) -> SamplingSpec:
         new, temp, p, k, drawn_seed, ignore = (draw(f) for f in fields)
-        if _AT_TOP.get() and not isinstance(ignore_eos, bool):
-            # the largest case is RL's: long rollouts that stop mixed with ones at the length
-            ignore = False
         return SamplingSpec(
             max_new_tokens=new,
             temperature=temp,

@@ -31,11 +31,12 @@ def prompt_batches(
     max_new_tokens: int = 0,
     min_len: int = 1,
     max_batch: int | None = None,
+    max_len: int | None = None,
     kinds: Sequence[BatchKind] = BATCH_KINDS,
 ) -> st.SearchStrategy[tuple[BatchShape, list[list[int]]]]:
-    """Batches of prompts as large as ``depth`` reaches (``max_batch`` caps the size below it)
-    that fit the model's context, and the depth's token budget, together with
-    ``max_new_tokens``."""
+    """Batches of prompts as large as ``depth`` reaches (``max_batch`` caps the size below it,
+    ``max_len`` the prompt length) that fit the model's context, and the depth's token budget,
+    together with ``max_new_tokens``."""
     return _prompt_batches(
         model.vocab_size,
         model.max_position_embeddings,
@@ -44,6 +45,7 @@ def prompt_batches(
         max_new_tokens,
         min_len,
         depth.max_batch if max_batch is None else min(max_batch, depth.max_batch),
+        max_len,
         tuple(kinds),
     )
 
@@ -60,11 +62,14 @@ def _prompt_batches(
     max_new_tokens: int,
     min_len: int,
     max_batch: int,
+    max_len: int | None,
     kinds: tuple[BatchKind, ...],
 ) -> st.SearchStrategy[tuple[BatchShape, list[list[int]]]]:
     # an engine scores a sequence by generating one token after it (vLLM's prompt_logprobs),
     # so a prompt and its rollout, scored again, need one more position in the context
     limit = depth.prompt_limit(context, max_new_tokens + 1)
+    if max_len is not None:
+        limit = min(limit, max_len)
     shapes = batch_shapes(
         min_len=min_len,
         max_len=limit,

@@ -77,6 +77,14 @@ def synced_weights(model, tim, original_weights, tmp_path_factory):
         yield seed, new, holding_new
 
 
+#: prompts of up to 8 of vLLM's 16-token cache blocks: what a cache serves is shared prefixes,
+#: not long contexts. Judged against the new weights' recompute, 512-token prompts put the
+#: perturbed model's long-context bf16 drift into this property (|Δlp| 0.94 against the bf16
+#: profile's 0.69, calibrated on the embedded model: a sound bf16 engine failed in CI); long
+#: contexts are the parity suites' business
+CACHED_PROMPT_LEN = 128
+
+
 @given(data=st.data())
 def test_caches_do_not_outlive_a_weight_sync(
     data, cached_engine, model, depth, recorder, original_weights, synced_weights
@@ -91,6 +99,7 @@ def test_caches_do_not_outlive_a_weight_sync(
             depth,
             max_new_tokens=spec.max_new_tokens,
             min_len=2,
+            max_len=CACHED_PROMPT_LEN,
             kinds=("shared-prefix", "grouped"),
         ),
         label="batch",
