@@ -128,7 +128,9 @@ def activate(config: pytest.Config) -> HarnessSession:
     # engines are slow and jittery (no deadline); the explain phase re-runs failing examples
     # many times for a hint the recorded minimal case already gives
     phases = tuple(p for p in settings().phases if p is not Phase.explain)
-    overrides: dict[str, Any] = {"deadline": None, "phases": phases}
+    # the report's seed is the one every example comes from: a derandomizing profile (Hypothesis
+    # loads its "ci" one whenever CI is set) would draw from the test's source instead
+    overrides: dict[str, Any] = {"deadline": None, "phases": phases, "derandomize": False}
     if explicit_examples or not config.getoption("hypothesis_profile", None):
         overrides["max_examples"] = spec.examples
     settings.register_profile("tim-conformance", parent=settings(), **overrides)

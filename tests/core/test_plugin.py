@@ -40,13 +40,15 @@ def run_pytest(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.Complet
 
 
 def test_hypothesis_seed_is_recorded_and_reproduces_every_number(tmp_path, cli_env):
+    """The same seed gives the same numbers, on a CI machine too: with ``CI`` set Hypothesis
+    loads its ``ci`` profile, whose ``derandomize`` would replace the seed the report records."""
     reports = []
-    for run in ("a", "b"):
+    for run, env in (("a", cli_env), ("b", {**cli_env, "CI": "true"})):
         out = tmp_path / run
         result = run_pytest(
             str(REPO / "suites" / "test_rollout_parity.py"),
             "--tim-examples", "3", "--hypothesis-seed", "123", "--tim-report", str(out),
-            cwd=tmp_path, env=cli_env,
+            cwd=tmp_path, env=env,
         )  # fmt: skip
         assert result.returncode == 0, result.stdout[-2000:]
         reports.append(json.loads((out / "report.json").read_text()))
