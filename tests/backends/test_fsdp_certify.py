@@ -1,6 +1,6 @@
 """``tim-conformance certify --backend fsdp`` as a user runs it: a subprocess, real FSDP2 ranks.
 
-The passing fp32 run is left to CI's suite run (``tox -e core`` runs the suites against the fsdp
+The passing fp32 run is left to CI's suite run (``tox -e fsdp`` runs the suites against the fsdp
 backend); these are the runs that must not pass: a bf16 backend under the fp32 profile, and a
 rank killed mid-run.
 """
