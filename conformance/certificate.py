@@ -55,21 +55,17 @@ def stable_stack(stack: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def build_certificate(
-    report: Report,
-    report_sha256: str,
-    *,
-    selected: list[str] | None = None,
-    stack_args: list[str] | None = None,
+    report: Report, report_sha256: str, *, stack_args: list[str] | None = None
 ) -> dict[str, Any]:
     """The certificate for a report whose file's bytes hash to ``report_sha256``.
 
-    ``selected`` names the suites a run was limited to (``certify --suite``; ``None``: all of
-    them). Only a run of every suite certifies the stack: a passing run of some suites is
-    recorded with ``scope: "suites"`` and ``certified: false``, so that nothing that reads
-    ``certified`` takes one property for the whole stack. ``stack_args`` are the certify flags
-    that rebuild the stack, which ``certify --check`` uses when it is given none.
+    Only a run of every suite certifies the stack: a passing run of some suites (the report's
+    ``scope: "suites"``) is recorded with ``certified: false``, so that nothing that reads
+    ``certified`` takes one property for the whole stack. A report from before ``scope`` reads
+    as ``stack``. ``stack_args`` are the certify flags that rebuild the stack, which
+    ``certify --check`` uses when it is given none.
     """
-    scope = "stack" if selected is None else "suites"
+    scope = report.scope or "stack"
     return {
         "certificate_schema": CERTIFICATE_SCHEMA,
         "verdict": report.verdict,
@@ -93,13 +89,14 @@ def build_certificate(
     }
 
 
-def write_certificate(report_path: Path, out: Path, **scope: Any) -> dict[str, Any]:
-    """Write ``out`` (certificate.json) for the report at ``report_path``; return its content.
-    ``scope``: ``selected`` and ``stack_args``, as :func:`build_certificate` takes them."""
+def write_certificate(
+    report_path: Path, out: Path, *, stack_args: list[str] | None = None
+) -> dict[str, Any]:
+    """Write ``out`` (certificate.json) for the report at ``report_path``; return its content."""
     report_path = Path(report_path)
     report = load_report(report_path)
     digest = hashlib.sha256(report_path.read_bytes()).hexdigest()
-    certificate = build_certificate(report, digest, **scope)
+    certificate = build_certificate(report, digest, stack_args=stack_args)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(certificate, indent=2, sort_keys=True) + "\n", "utf-8")

@@ -8,7 +8,7 @@ starts until a test asks for one. All state lives in one :class:`HarnessSession`
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -248,8 +248,32 @@ _RECORD_KEY = pytest.StashKey[Any]()
 _OUTCOME_KEY = pytest.StashKey[tuple[Any, BaseException | None]]()
 
 
+_DESELECTED_CHECKS = pytest.StashKey[bool]()
+
+
+def _is_check(item: pytest.Item) -> bool:
+    return "recorder" in getattr(item, "fixturenames", ())
+
+
+def pytest_deselected(items: Sequence[pytest.Item]) -> None:
+    if items and any(_is_check(i) for i in items):
+        items[0].config.stash[_DESELECTED_CHECKS] = True
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The run's scope: ``stack`` when it runs every suite file of the folders its checks come
+    from with nothing deselected, else ``suites`` (a pass then certifies those suites only)."""
+    harness = session.config.stash.get(SESSION_KEY, None)
+    if harness is None:
+        return
+    files = {Path(str(i.path)) for i in session.items if _is_check(i)}
+    everything = {p for folder in {f.parent for f in files} for p in folder.glob("test_*.py")}
+    partial = session.config.stash.get(_DESELECTED_CHECKS, False) or not everything <= files
+    harness.scope = "suites" if partial else "stack"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    checks = [i for i in items if "recorder" in getattr(i, "fixturenames", ())]
+    checks = [i for i in items if _is_check(i)]
     if checks and SESSION_KEY not in config.stash:
         # the harness sets Hypothesis's settings (no deadline, the example count) before test
         # modules are imported, which only a configured run does
@@ -263,7 +287,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     session = item.config.stash.get(SESSION_KEY, None)
-    if session is None or "recorder" not in getattr(item, "fixturenames", ()):
+    if session is None or not _is_check(item):
         yield
         return
     suite = Path(str(item.path)).stem.removeprefix("test_")

@@ -45,6 +45,8 @@ class HarnessSession:
         self.crash_fix: str | None = None
         #: why the run was cut short (a signal, Ctrl-C), if it was
         self.interrupted: str | None = None
+        #: ``stack`` or ``suites``, as the report's field; the plugin sets it once collected
+        self.scope: str = "stack"
         self.final_report: Report | None = None
         #: the RL smoke run's summary, with ``curves_path`` relative to the report folder
         self.rl: dict[str, Any] | None = None
@@ -302,6 +304,7 @@ class HarnessSession:
             seed=self.seed,
             examples=self.spec.examples,
             depth=self.spec.depth.name,
+            scope=self.scope,
             stack=Stack(fingerprint(self.spec, self.model_info, engine_info, backend_info)),
             profile=ProfileInfo(
                 name=self.profile.name,

@@ -6,7 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 from conformance.metric_table import HEADLINE_METRICS
-from conformance.report.page import VERDICTS
+from conformance.report.page import scope_note, verdict_word
 from conformance.report.schema import Report
 
 
@@ -47,9 +47,10 @@ def verdict_lines(report: Report, report_dir: Path | None) -> list[str]:
                     "case may not be minimal (--shrink-seconds)"
                 )
     stack = report.stack
-    verdict = f"verdict: {VERDICTS[report.verdict][1]}"
-    if report.reason:
-        verdict += f" — {report.reason}"
+    verdict = f"verdict: {verdict_word(report)}"
+    for why in (report.reason, scope_note(report)):
+        if why:
+            verdict += f" — {why}"
     lines += [
         verdict,
         f"stack: {stack['engine']} ({stack['engine_dtype']}) vs {stack['backend']} "

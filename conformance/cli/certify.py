@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("RL training options without --rl-smoke", "add --rl-smoke or drop them")
     extra = ["--tim-rl-smoke", *pytest_args(vars(args))] if args.rl_smoke else []
     report = _run_suites(spec, _suite_paths(args.suites, args.suite), out, seed, extra)
-    return _conclude(report, out, _selected(args.suites, args.suite), _stack_args(spec))
+    return _conclude(report, out, _stack_args(spec))
 
 
 def _stack_given(args: argparse.Namespace) -> bool:
@@ -119,12 +119,6 @@ def _stack_args(spec: Any) -> list[str]:
     return [
         a.replace("--tim-", "--", 1) if a.startswith("--tim-") else a for a in spec.pytest_args()
     ]
-
-
-def _selected(folder: Path, names: list[str]) -> list[str] | None:
-    """The suites ``--suite`` limited the run to; ``None`` when it ran every suite."""
-    available = {p.stem.removeprefix("test_") for p in folder.glob("test_*.py")}
-    return sorted(set(names)) if names and not available <= set(names) else None
 
 
 def _suite_paths(folder: Path, names: list[str]) -> list[Path]:
@@ -168,13 +162,11 @@ def _run_suites(
     return json.loads(report_path.read_text())
 
 
-def _conclude(
-    report: dict[str, Any], out: Path, selected: list[str] | None, stack_args: list[str]
-) -> int:
+def _conclude(report: dict[str, Any], out: Path, stack_args: list[str]) -> int:
     from conformance.certificate import write_certificate
 
-    write_certificate(
-        out / "report.json", out / "certificate.json", selected=selected, stack_args=stack_args
+    certificate = write_certificate(
+        out / "report.json", out / "certificate.json", stack_args=stack_args
     )
     verdict = report["verdict"]
     print(f"tim-conformance: report {out / 'report.html'}, certificate {out / 'certificate.json'}")
@@ -184,12 +176,12 @@ def _conclude(
             f"log in {out / 'results.jsonl'}",
             report.get("fix") or "rerun certify once the cause is fixed",
         )
-    if verdict == "pass" and selected is not None:
+    if verdict == "pass" and certificate["scope"] == "suites":
         # a pass of some properties is no certificate of the stack
         print(
-            f"tim-conformance: verdict PASSED on suite(s) {', '.join(selected)} only — not a "
-            "certificate of the stack (certificate.json: certified false; run every suite to "
-            "certify it)"
+            f"tim-conformance: verdict PASSED on suite(s) {', '.join(certificate['suites'])} "
+            "only — not a certificate of the stack (certificate.json: certified false; run "
+            "every suite to certify it)"
         )
         return 0
     print(f"tim-conformance: verdict {'CERTIFIED' if verdict == 'pass' else 'NOT CERTIFIED'}")

@@ -89,8 +89,26 @@ def load_rl_curves(report_dir: Path, report: Report) -> list[dict] | None:
     return rows
 
 
+def verdict_word(report: Report) -> str:
+    """The verdict in a word: a pass of some suites (``scope: suites``) is PASSED, not
+    CERTIFIED."""
+    if report.verdict == "pass" and report.scope == "suites":
+        return "PASSED"
+    return VERDICTS[report.verdict][1]
+
+
+def scope_note(report: Report) -> str:
+    """What a pass of some suites does not cover (empty for anything else)."""
+    if report.verdict != "pass" or report.scope != "suites":
+        return ""
+    return (
+        f"on suite(s) {', '.join(report.suites())} only — not a certificate of the stack "
+        "(run every suite to certify it)"
+    )
+
+
 def verdict_banner(report: Report) -> Markup:
-    cls, word = VERDICTS[report.verdict]
+    cls, word = VERDICTS[report.verdict][0], verdict_word(report)
     statuses = Counter(c.status for c in report.checks)
     failed = sum(statuses[s] for s in _BAD)
     detail = f"{statuses['pass']} of {len(report.checks)} checks passed"
@@ -98,8 +116,9 @@ def verdict_banner(report: Report) -> Markup:
         detail += f", {failed} failed"
     if statuses["skip"]:
         detail += f", {statuses['skip']} skipped"
-    if report.reason:
-        detail += f" — {report.reason}"
+    for why in (report.reason, scope_note(report)):
+        if why:
+            detail += f" — {why}"
     profile = report.profile.name
     return tag(
         "header",

@@ -192,6 +192,10 @@ class Report(Record):
     examples: int
     #: the depth setting (schema-1 files from before it lack it)
     depth: str | None = None
+    #: what the run covered: ``stack`` (every suite of the folders it ran, nothing deselected:
+    #: a pass certifies the stack) or ``suites`` (some of them: a pass certifies those only);
+    #: files from before the field lack it
+    scope: Literal["stack", "suites"] | None = None
     stack: Stack
     profile: ProfileInfo
     checks: list[Check]

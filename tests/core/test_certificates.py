@@ -27,7 +27,10 @@ def test_a_run_of_some_suites_is_no_certificate_and_check_reads_its_stack(tmp_pa
         env=cli_env,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "not a certificate of the stack" in run.stdout and "verdict CERTIFIED" not in run.stdout
+    assert "verdict: PASSED — on suite(s) rollout_parity only" in run.stdout
+    assert "not a certificate of the stack" in run.stdout and "CERTIFIED" not in run.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["scope"] == "suites"
     certificate = json.loads((out / "certificate.json").read_text())
     assert certificate["verdict"] == "pass"
     assert certificate["certified"] is False and certificate["scope"] == "suites"

@@ -58,6 +58,20 @@ def test_hypothesis_seed_is_recorded_and_reproduces_every_number(tmp_path, cli_e
     assert first["checks"][0]["worst_case"] == second["checks"][0]["worst_case"]
 
 
+def test_a_run_with_suites_deselected_is_not_a_certificate(tmp_path, cli_env):
+    """pytest's own selection (-k here) limits what a pass covers, as certify --suite does."""
+    out = tmp_path / "run"
+    result = run_pytest(
+        str(REPO / "suites"), "-k", "test_rollout_parity", "--tim-examples", "2",
+        "--tim-report", str(out), cwd=tmp_path, env=cli_env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert "verdict: PASSED — on suite(s) rollout_parity only" in result.stdout
+    assert "CERTIFIED" not in result.stdout
+    assert json.loads((out / "report.json").read_text())["scope"] == "suites"
+    assert "PASSED" in (out / "report.html").read_text()
+
+
 @pytest.mark.parametrize(
     ("configuration", "flags"),
     [

@@ -26,7 +26,7 @@ from .reports import make_report
 #: bfloat16 --profile fp32 --examples 3 --shrink-seconds 5``), its token samples cut to 40
 REAL = Path(__file__).parent / "data" / "schema1-bf16-prefill.json"
 #: the fields early schema-1 files lack, per report and per check
-LATER = ("depth", "timing", "fix")
+LATER = ("depth", "timing", "fix", "scope")
 LATER_PER_CHECK = ("shrink", "seconds", "worst_case_metrics", "tokens")
 LATER_PER_PROFILE = ("min_pooled_tokens",)
 
@@ -63,7 +63,7 @@ def test_a_written_report_reads_back_unchanged() -> None:
 def test_early_files_without_the_later_fields_read_with_defaults(tmp_path) -> None:
     path = write(tmp_path / "early.json", early(json.loads(REAL.read_text())))
     report = load_report(path)
-    assert report.depth is None and report.timing is None
+    assert report.depth is None and report.timing is None and report.scope is None
     (check,) = report.checks
     assert check.shrink is None and check.seconds is None and check.worst_case_metrics is None
     # a pool of unknown size is judged, as it was when the file was written
@@ -87,6 +87,9 @@ def test_gate_certificate_summary_and_page_read_early_and_current_files_alike(
         write_certificate(path, tmp_path / f"{path.stem}-certificate.json")
         for path in (old, current)
     ]
+    # the early file does not say it ran one suite: its certificate reads as the stack's, as
+    # certificates did before reports recorded their scope
+    assert [c.pop("scope") for c in certificates] == ["stack", "suites"]
     for certificate in certificates:
         del certificate["report_sha256"]
     assert certificates[0] == certificates[1]
