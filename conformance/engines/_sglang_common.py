@@ -57,6 +57,9 @@ OPTIONS: dict[str, Callable[[str], Any]] = {
     # SGLang honours a request's sampling_seed only in deterministic-inference mode
     "enable_deterministic_inference": parse_bool,
     "tp_size": parse_positive_int,
+    # load the model's tokenizer (off: token ids in and out, nothing detokenized); stop strings
+    # need it
+    "tokenizer": parse_bool,
 }
 
 #: measured on its CPU engine here (docs/engine-versions.md): 0.5.22 and 0.5.23 certify; 0.5.21 and
@@ -75,6 +78,12 @@ KNOBS: dict[str, Knob] = {
 
 #: the option value that keeps the radix (prefix) cache on (SGLang's default)
 PREFIX_CACHE: dict[str, str] = {"disable_radix_cache": "false"}
+
+#: the option value under which SGLang matches stop strings (they need the text)
+STOP_STRINGS: dict[str, str] = {"tokenizer": "true"}
+
+#: options the harness reads itself rather than passing to SGLang
+_OWN_OPTIONS = frozenset({"rope_cache_fp32", "tokenizer"})
 
 
 def _defaults() -> dict[str, Any]:
@@ -124,10 +133,10 @@ def server_args(config: EngineConfig, options: Mapping[str, Any]) -> dict[str, A
         "model_path": str(config.model),
         "dtype": config.dtype,
         "random_seed": config.seed,
-        # token ids in, token ids out: nothing is detokenized
-        "skip_tokenizer_init": True,
+        # token ids in, token ids out: nothing is detokenized unless stop strings need the text
+        "skip_tokenizer_init": not options.get("tokenizer", False),
         "log_level": "warning",
-        **{k: v for k, v in options.items() if k in OPTIONS and k != "rope_cache_fp32"},
+        **{k: v for k, v in options.items() if k in OPTIONS and k not in _OWN_OPTIONS},
     }
     return {k: v for k, v in args.items() if v is not None}
 
@@ -206,18 +215,19 @@ def activate_standin(folder: str) -> None:
     log.warning("sgl_kernel stand-in active (CPU test support): %s", folder)
 
 
-def sampling_params(spec: SamplingSpec) -> dict[str, Any]:
+def sampling_params(spec: SamplingSpec, *, tokenizer: bool) -> dict[str, Any]:
     """SGLang's sampling fields for ``spec``.
 
-    SGLang keeps the token that ended a rollout (EOS or a ``stop_token_ids`` entry) in
-    ``output_token_logprobs``; ``no_stop_trim`` keeps it in ``output_ids`` too, where the
-    detokenizing path would trim it. Stop strings need the text, and the engine runs on token
-    ids alone (``skip_tokenizer_init``), so a spec with them is refused as a missing feature.
+    SGLang keeps the token that ended a rollout (EOS, a ``stop_token_ids`` entry, or the one
+    completing a ``stop`` string) in ``output_token_logprobs``; ``no_stop_trim`` keeps it in
+    ``output_ids`` and the text too, where the detokenizing path would trim it. Stop strings
+    need the text: without the ``tokenizer`` option the engine runs on token ids alone
+    (``skip_tokenizer_init``), and a spec with them is refused as a missing feature.
     """
-    if spec.stop:
+    if spec.stop and not tokenizer:
         raise NotImplementedError(
-            "SGLang runs here on token ids alone (skip_tokenizer_init): it cannot match stop "
-            "strings, which need the tokenizer"
+            "SGLang runs on token ids alone unless started with engine option tokenizer=true: "
+            "stop strings need the tokenizer"
         )
     return {
         "max_new_tokens": spec.max_new_tokens,
@@ -227,18 +237,21 @@ def sampling_params(spec: SamplingSpec) -> dict[str, Any]:
         "top_k": spec.top_k or -1,
         "ignore_eos": spec.ignore_eos,
         "stop_token_ids": list(spec.stop_token_ids),
+        **({"stop": list(spec.stop)} if spec.stop else {}),
         "no_stop_trim": True,
         # one seed per request: a prompt's rollout does not depend on its batch-mates
         "sampling_seed": spec.seed,
     }
 
 
-def generate_request(prompts: TokenBatch, spec: SamplingSpec, top_logprobs: int) -> dict[str, Any]:
+def generate_request(
+    prompts: TokenBatch, spec: SamplingSpec, top_logprobs: int, options: Mapping[str, Any]
+) -> dict[str, Any]:
     """Fields of ``Engine.generate`` and of the body of ``POST /generate``."""
     check_nonempty(prompts)
     return {
         "input_ids": [list(p) for p in prompts],
-        "sampling_params": sampling_params(spec),
+        "sampling_params": sampling_params(spec, tokenizer=bool(options.get("tokenizer"))),
         "return_logprob": True,
         "top_logprobs_num": top_logprobs,
     }

@@ -159,6 +159,9 @@ class Engine(ABC):
     #: weight-sync suite holds a sync to reset it): a stack whose options turn it off gets a
     #: variant engine with these
     PREFIX_CACHE: ClassVar[Mapping[str, str]] = {}
+    #: option values under which the engine matches stop strings, for engines that do so only
+    #: with an option on (a loaded tokenizer): the stop-string suite runs on a variant with these
+    STOP_STRINGS: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config

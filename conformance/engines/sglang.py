@@ -21,6 +21,7 @@ class SGLangEngine(Engine):
     name = "sglang"
     KNOBS = common.KNOBS
     PREFIX_CACHE = common.PREFIX_CACHE
+    STOP_STRINGS = common.STOP_STRINGS
     parallel = common.PARALLEL
     RELEASES = common.RELEASES
 
@@ -68,7 +69,7 @@ class SGLangEngine(Engine):
     def generate(
         self, prompts: TokenBatch, spec: SamplingSpec, *, top_logprobs: int = 0
     ) -> list[Completion]:
-        request = common.generate_request(prompts, spec, top_logprobs)
+        request = common.generate_request(prompts, spec, top_logprobs, self.options)
         return common.completions(prompts, self._run(request), top_logprobs)
 
     def score(self, sequences: TokenBatch) -> list[list[float]]:

@@ -27,6 +27,8 @@ from conformance.errors import EngineUnavailable
 class SGLangServerEngine(ServerEngine):
     name = "sglang-server"
     KNOBS = common.KNOBS
+    PREFIX_CACHE = common.PREFIX_CACHE
+    STOP_STRINGS = common.STOP_STRINGS
     parallel = common.PARALLEL
     RELEASES = common.RELEASES
     label = "SGLang server"
@@ -67,7 +69,8 @@ class SGLangServerEngine(ServerEngine):
     def generate(
         self, prompts: TokenBatch, spec: SamplingSpec, *, top_logprobs: int = 0
     ) -> list[Completion]:
-        replies = self.post("/generate", common.generate_request(prompts, spec, top_logprobs))
+        request = common.generate_request(prompts, spec, top_logprobs, self.options)
+        replies = self.post("/generate", request)
         return common.completions(prompts, replies, top_logprobs)
 
     def score(self, sequences: TokenBatch) -> list[list[float]]:
