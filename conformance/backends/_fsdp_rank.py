@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from conformance.backends._layout import Sampling, forward
+from conformance.backends._layout import Sampling, forward, next_token_logprobs
 
 if TYPE_CHECKING:
     import torch
@@ -93,6 +93,7 @@ def serve(setup: RankSetup, requests: Any, replies: Any) -> None:
     replies.put((0, rank, True, os.getpid()))
     handlers = {
         "recompute": this.recompute,
+        "next_token_logprobs": this.next_token_logprobs,
         "update": this.update,
         "state_dict": this.state_dict,
         "reset_optimizer": this.reset_optimizer,
@@ -145,18 +146,21 @@ class _Rank:
 
     def recompute(self, feed: Feed) -> list[tuple[Any, Any]]:
         """``(logprobs, entropy)`` float32 numpy arrays per sequence of this rank's share."""
-        import torch
 
-        out = []
-        with torch.no_grad():
-            for step in range(feed.steps):
-                real = step < len(feed.chunks)
-                chunk = feed.chunks[step] if real else FILLER
-                lp, ent = forward(self.model, chunk, feed.layout, feed.sampling, self.compute_dtype)
-                if real:
-                    # numpy arrays pickle as bytes; tensors would travel as shared-memory handles
-                    out.extend((a.numpy(), b.numpy()) for a, b in zip(lp, ent, strict=True))
-        return out
+        def run(chunk: list[list[int]]) -> list[tuple[Any, Any]]:
+            lp, ent = forward(self.model, chunk, feed.layout, feed.sampling, self.compute_dtype)
+            return [(a.numpy(), b.numpy()) for a, b in zip(lp, ent, strict=True)]
+
+        return _every_step(feed, run)
+
+    def next_token_logprobs(self, feed: Feed) -> list[Any]:
+        """``[len(seq) − 1, V]`` float32 numpy arrays per sequence of this rank's share: the
+        processed distribution at every position (``Backend.next_token_logprobs``)."""
+
+        def run(chunk: list[list[int]]) -> list[Any]:
+            return [r.numpy() for r in next_token_logprobs(self.model, chunk, feed.sampling)]
+
+        return _every_step(feed, run)
 
     def update(self, step: Step) -> dict[str, float]:
         """This rank's part of ``Backend.update``: its loss and counts, and the gradient norm."""
@@ -202,6 +206,23 @@ class _Rank:
 
     def reset_optimizer(self, _: None) -> None:
         self.optimizer = None
+
+
+def _every_step(feed: Feed, run: Any) -> list[Any]:
+    """``run`` on each of the rank's micro-batches, without grad, and on the filler for the
+    steps it has none (every forward is a collective); the real ones' results in order.
+    Results are numpy arrays: they pickle as bytes, where tensors would travel as
+    shared-memory handles."""
+    import torch
+
+    out: list[Any] = []
+    with torch.no_grad():
+        for step in range(feed.steps):
+            real = step < len(feed.chunks)
+            rows = run(feed.chunks[step] if real else FILLER)
+            if real:
+                out.extend(rows)
+    return out
 
 
 def _exit_with_parent(parent_pid: int) -> None:

@@ -127,22 +127,40 @@ class FSDPBackend(Backend):
             raise NotImplementedError(
                 "the fsdp backend's graph lives on its ranks; train it through update()"
             )
+        pairs = self._call_on_shares("recompute", sequences, (temperature, top_k, top_p))
+        return Recompute(
+            logprobs=[torch.from_numpy(lp) for lp, _ in pairs],
+            entropy=[torch.from_numpy(ent) for _, ent in pairs],
+        )
+
+    def next_token_logprobs(
+        self,
+        sequences: Sequence[Sequence[int]],
+        *,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+    ) -> list[torch.Tensor]:
+        import torch
+
+        rows = self._call_on_shares("next_token_logprobs", sequences, (temperature, top_k, top_p))
+        return [torch.from_numpy(row) for row in rows]
+
+    def _call_on_shares(
+        self, kind: str, sequences: Sequence[Sequence[int]], sampling: _fsdp_rank.Sampling
+    ) -> list[Any]:
+        """Each rank's share of ``sequences`` (``shares``), in micro-batches, through the
+        ranks' ``kind`` handler; the per-sequence results in the batch's order."""
         checked = check_sequences(sequences)
         per_rank = [
             micro_batches([checked[i] for i in share], self.config.micro_batch_size)
             for share in shares(len(checked), self.world_size)
         ]
         steps = max(map(len, per_rank))
-        sampling = (temperature, top_k, top_p)
         feeds = [
             _fsdp_rank.Feed(chunks, steps, self.config.layout, sampling) for chunks in per_rank
         ]
-        replies = self._ranks().call("recompute", feeds)
-        pairs = [pair for reply in replies for pair in reply]
-        return Recompute(
-            logprobs=[torch.from_numpy(lp) for lp, _ in pairs],
-            entropy=[torch.from_numpy(ent) for _, ent in pairs],
-        )
+        return [row for reply in self._ranks().call(kind, feeds) for row in reply]
 
     def update(self, batch: PolicyBatch) -> dict[str, float]:
         from conformance.rl.objective import COUNTS

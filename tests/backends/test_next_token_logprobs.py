@@ -6,15 +6,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.backends.base import BackendConfig
-from conformance.backends.hf import HFBackend
+from conformance.backends import BACKENDS
+from conformance.backends.base import Backend, BackendConfig
 
 SEQUENCES = [[5, 17, 17, 200, 3, 383], [9, 1], [42, 42, 42, 7]]
 
 
-@pytest.fixture(scope="module")
-def backend(default_model) -> HFBackend:
-    return HFBackend(BackendConfig(default_model, micro_batch_size=2))
+@pytest.fixture(
+    scope="module",
+    # fsdp, one sequence per micro-batch: its ranks get 2 and 1, so one runs the filler step
+    params=[("hf", 2), pytest.param(("fsdp", 1), marks=pytest.mark.fsdp, id="fsdp")],
+    ids=["hf", "fsdp"],
+)
+def backend(request, default_model) -> Backend:
+    name, micro_batch_size = request.param
+    built = BACKENDS.get(name)(BackendConfig(default_model, micro_batch_size=micro_batch_size))
+    yield built
+    built.close()
 
 
 @pytest.mark.parametrize(
