@@ -75,7 +75,12 @@ def build_certificate(
         "stack_args": stack_args,
         "fingerprint": report.stack["fingerprint"],
         "stack": stable_stack(report.stack),
-        "profile": {"name": report.profile.name, "thresholds": report.profile.thresholds},
+        "profile": {
+            "name": report.profile.name,
+            "thresholds": report.profile.thresholds,
+            "provenance": report.profile.provenance,
+            "foreign": report.profile.foreign,
+        },
         "seed": report.seed,
         "examples": report.examples,
         "created": report.created,

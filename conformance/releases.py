@@ -122,7 +122,8 @@ _WARNED: set[str] = set()
 
 
 def warn(line: str | None) -> None:
-    """Print a :func:`check` line, before anything starts; once per process."""
+    """Print a warning line (a :func:`check` line, a profile calibrated elsewhere), before
+    anything starts; once per process."""
     if line is not None and line not in _WARNED:
         _WARNED.add(line)
         print(f"tim-conformance: warning: {line}", file=sys.stderr, flush=True)

@@ -22,7 +22,7 @@ from conformance.guard import CallTimedOut, Guarded, deadline
 from conformance.outcome import FAULT, Outcome, first_line
 from conformance.recorder import CheckRecord, Recorder
 from conformance.report.schema import Check, ProfileInfo, Report, Shrink, Stack, Timing
-from conformance.stack import StackSpec, fingerprint
+from conformance.stack import StackSpec, device_info, fingerprint
 
 
 class HarnessSession:
@@ -311,6 +311,8 @@ class HarnessSession:
                 source=str(self.profile.source),
                 thresholds=self.profile.thresholds,
                 min_pooled_tokens=self.profile.min_pooled_tokens,
+                provenance=self.profile.provenance or None,
+                foreign=self.profile.foreign_to(self.model_info.sha256, device_info()),
             ),
             checks=self.checks,
             timing=self._timing(),

@@ -102,20 +102,22 @@ class StackSpec:
 
     def preflight(self) -> None:
         """Fail fast, before anything starts, on what the user can fix: the profile, the engine
-        and backend (installed, options they take, releases they support), the model folder."""
+        and backend (installed, options they take, releases they support), the model folder;
+        warn in one line when the profile was calibrated on another model or device."""
         from conformance.backends import BACKENDS
         from conformance.engines import ENGINES
         from conformance.models import inspect_model
         from conformance.profiles import load_profile
 
-        load_profile(self.profile)
+        profile = load_profile(self.profile)
         engine, backend = ENGINES.get(self.engine), BACKENDS.get(self.backend)
         engine.check_options(self.engine_options)
         backend.check_options(self.backend_options)
         # one line each, before the model is built or anything starts
         releases.warn(releases.check(f"engine {self.engine!r}", engine.RELEASES))
         releases.warn(releases.check(f"backend {self.backend!r}", backend.RELEASES))
-        inspect_model(self.model_dir())
+        model = inspect_model(self.model_dir())
+        releases.warn(profile.foreign_to(model.sha256, device_info()))
 
     def model_dir(self) -> Path:
         if self.model is not None:

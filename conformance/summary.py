@@ -57,6 +57,8 @@ def verdict_lines(report: Report, report_dir: Path | None) -> list[str]:
         f"({stack['backend_dtype']}), profile {report.profile.name}, seed {report.seed}, "
         f"fingerprint {stack['fingerprint'][:16]}",
     ]
+    if report.profile.foreign:
+        lines.append(f"profile warning: {report.profile.foreign}")
     if report_dir is not None:
         lines.append(f"report: {report_dir / 'report.json'}")
     return lines

@@ -19,11 +19,21 @@ from conformance.errors import ConformanceError
 
 #: subcommands, in the order ``--help`` lists them; ``make-model`` lives in
 #: ``conformance.cli.make_model``
-SUBCOMMANDS = ("certify", "contract", "make-model", "floor", "report", "gate", "rl-smoke")
+SUBCOMMANDS = (
+    "certify",
+    "calibrate",
+    "contract",
+    "make-model",
+    "floor",
+    "report",
+    "gate",
+    "rl-smoke",
+)
 
 EPILOG = """examples:
   tim-conformance certify                                   # hf-generate vs hf, embedded model
   tim-conformance certify --engine-dtype bfloat16 --profile fp32
+  tim-conformance calibrate --model DIR --engine-dtype bf16 --out mine.toml  # your model's profile
   tim-conformance contract --engine mymod:MyEngine          # the engine contract on yours
   tim-conformance make-model /tmp/tiny --arch qwen3 --seed 1
   tim-conformance floor --dtype bf16 --vocab 2048 --logit-std 1.5 --tokens 50000 --seed 1234

@@ -1,10 +1,12 @@
 """Tolerance profiles: one threshold per mismatch metric, shipped as TOML in this package.
 
-A profile file is a flat table ``metric = threshold``, plus an optional ``description`` and
-``min_pooled_tokens``: the fewest tokens a pooled bound (an average, spread or correlation) is
-judged on. A calibrated profile sets it to the smallest pool its bounds were measured on; a
-mean over fewer tokens strays further from its ideal than the calibration saw (one token's
-log-ratio is its own mean), so such a pool is reported but not judged. Metric names, which
+A profile file is a flat table ``metric = threshold``, plus an optional ``description``,
+``min_pooled_tokens`` and a ``[provenance]`` table. ``min_pooled_tokens`` is the fewest tokens
+a pooled bound (an average, spread or correlation) is judged on: a calibrated profile sets it to
+the smallest pool its bounds were measured on; a mean over fewer tokens strays further from its
+ideal than the calibration saw (one token's log-ratio is its own mean), so such a pool is
+reported but not judged. ``[provenance]`` is what ``tim-conformance calibrate`` measured the
+profile on: the models' sha256, the device, the versions, sizes and seeds. Metric names, which
 side of a threshold is a violation and which metrics are pooled come from
 :mod:`conformance.metric_table`.
 """
@@ -14,8 +16,9 @@ from __future__ import annotations
 import math
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from conformance.errors import ProfileError
 from conformance.metric_table import METRIC_NAMES, metric
@@ -32,6 +35,26 @@ class Profile:
     description: str = ""
     #: pools of fewer valid tokens are not held to the pooled bounds (see the module docstring)
     min_pooled_tokens: int = 1
+    #: where the thresholds were measured (``[provenance]``); empty for a hand-written profile
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def foreign_to(self, model_sha256: str, device: Mapping[str, Any]) -> str | None:
+        """One line saying that this profile was calibrated on other models or another device
+        than ``model_sha256`` on ``device`` (kind and name compared), or ``None``."""
+        models = self.provenance.get("models") or []
+        calibrated = self.provenance.get("device") or {}
+        where = [k for k in ("kind", "name") if calibrated and calibrated.get(k) != device.get(k)]
+        if not models or (model_sha256 in {m.get("sha256") for m in models} and not where):
+            return None
+        named = ", ".join(f"{m.get('arch', '?')} {str(m.get('sha256', ''))[:12]}" for m in models)
+        other = "another device" if where else "other models"
+        return (
+            f"profile {self.name} was calibrated on {other} (models {named}; device "
+            f"{calibrated.get('kind', '?')} {calibrated.get('name', '?')}), not this stack's "
+            f"(model {model_sha256[:12]}; device {device.get('kind')} {device.get('name')}): "
+            "its thresholds may not fit; measure yours with `tim-conformance calibrate --model "
+            "DIR --out profile.toml` and pass --profile profile.toml"
+        )
 
     def judges_pool(self, tokens: int | None) -> bool:
         """Whether metrics pooled over ``tokens`` tokens are held to the pooled bounds
@@ -83,6 +106,12 @@ def load_profile(name_or_path: str | Path) -> Profile:
         ) from None
     description = table.pop("description", "")
     min_pooled_tokens = table.pop("min_pooled_tokens", 1)
+    provenance = table.pop("provenance", {})
+    if not isinstance(provenance, dict):
+        raise ProfileError(
+            f"profile {path}: provenance is not a table",
+            "write it as a [provenance] table, or leave it out",
+        )
     if type(min_pooled_tokens) is not int or min_pooled_tokens < 1:
         raise ProfileError(
             f"profile {path}: min_pooled_tokens = {min_pooled_tokens!r} is not a positive integer",
@@ -108,6 +137,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
         thresholds=thresholds,
         description=description,
         min_pooled_tokens=min_pooled_tokens,
+        provenance=provenance,
     )
 
 

@@ -1,58 +1,101 @@
-"""Recalibrate the shipped ``fp32``, ``bf16`` and ``fp16`` profiles by measurement.
+"""Calibrate a tolerance profile by measurement, on the user's own model and device.
 
-``python -m conformance.profiles.calibrate`` runs the reference stack — ``hf-generate`` (KV-cache
-decode, left padding) in each precision against the ``hf`` backend's full forward in fp32, and in
-bf16/fp16 also against the backend in the same low precision (a profile covers both stacks) — on
-three embedded-recipe models (qwen2 seeds 0 and 1, llama seed 2), over rollout batches that span
-both search depths, from 8 prompts × 32 new tokens to 8 prompts × 2,048 new tokens. Each
-threshold is the measured extreme times a safety factor (10 in fp32, where only kernel and
-reduction order differ; 3 in bf16/fp16, whose rounding dominates), squared for the quadratic
-metrics (k2, k3, 1 − pcc), applied to the distance from the metric's ideal; community anchors
-replace the factor where they are tighter but still above the measurement (verl's
-``rollout_probs_diff_mean`` < 0.01, NeMo-RL's ``token_mult_prob_error`` < 1.05). Every metric is
-measured per batch, pooled ones included: a suite pools one test's tokens, often a few hundred,
-and a mean over a few hundred tokens strays further from its ideal than one over a whole model's
-batches. The smallest batch's rollout tokens are the profile's ``min_pooled_tokens``: below it
-a pooled bound would be judged outside what was measured. The measurement sits next to each
-number in the written TOML.
+``tim-conformance calibrate --model DIR`` runs the reference stack — ``hf-generate`` (KV-cache
+decode, left padding) in the engine precision against the ``hf`` backend's full forward in each
+backend precision (by default fp32, and the engine's own precision where it is lower: a profile
+covers both stacks) — on each model given, over rollout batches that span the depth: quick from
+8 prompts × 32 new tokens to 32 × 128, deep up to 8 prompts × 2,048 new tokens. Each threshold
+is the measured extreme times a safety factor (10 in fp32, where only kernel and reduction order
+differ; 3 in bf16/fp16, whose rounding dominates), squared for the quadratic metrics (k2, k3,
+1 − pcc), applied to the distance from the metric's ideal; community anchors replace the factor
+where they are tighter but still above the measurement (verl's ``rollout_probs_diff_mean`` <
+0.01, NeMo-RL's ``token_mult_prob_error`` < 1.05). Every metric is measured per batch, pooled
+ones included: a suite pools one test's tokens, often a few hundred, and a mean over a few
+hundred tokens strays further from its ideal than one over a whole model's batches. The smallest
+batch's rollout tokens are the profile's ``min_pooled_tokens``: below it a pooled bound would be
+judged outside what was measured. The measurement sits next to each number in the written TOML,
+and its ``[provenance]`` table names the models (sha256), device, versions, sizes and seeds.
+
+The shipped ``fp32``, ``bf16`` and ``fp16`` profiles are written by this same command on three
+``make-model`` models (README, "Profiles"); each file's header holds the command.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
+import json
 import math
 import statistics
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from conformance.metric_table import METRICS, Metric
 
-#: (profile, engine precision, backend precisions, safety factor)
-PRECISIONS = (
-    ("fp32", "float32", ("float32",), 10.0),
-    ("bf16", "bfloat16", ("float32", "bfloat16"), 3.0),
-    ("fp16", "float16", ("float32", "float16"), 3.0),
-)
-#: (prompts, prompt length, new tokens): the depths' small, middle and large ends
-BATCHES = ((8, 64, 32), (32, 512, 128), (64, 256, 512), (8, 1024, 2048))
-MODELS = (("qwen2", 0), ("qwen2", 1), ("llama", 2))
+#: (prompts, prompt length, new tokens) per depth: each depth's small, middle and large ends
+DEPTH_BATCHES = {
+    "quick": ((8, 64, 32), (32, 512, 128)),
+    "deep": ((8, 64, 32), (32, 512, 128), (64, 256, 512), (8, 1024, 2048)),
+}
 SAMPLING_SEEDS = (0, 1)
+#: engine precision → safety factor on the worst measured distance from the ideal
+FACTORS = {"float32": 10.0, "bfloat16": 3.0, "float16": 3.0}
 #: metrics whose scale is the square of a log-ratio: the factor is squared too
 QUADRATIC = frozenset({"k2", "k3", "pcc"})
-#: profile → metric → (threshold, source): used when tighter than factor × measured, but above
-#: 1.5 × measured
+#: engine precision → metric → (threshold, source): used when tighter than factor × measured,
+#: but above 1.5 × measured
 ANCHORS = {
-    "bf16": {
+    "bfloat16": {
         "prob_diff_mean": (0.01, "verl FAQ: < 0.005 fine, > 0.01 bad (BACKGROUND.md §5)"),
         "token_mult_prob_error": (1.05, "NeMo-RL / Megatron: < 1.05 (BACKGROUND.md §5)"),
     },
 }
-DESCRIPTIONS = {
-    "fp32": "fp32 engine vs fp32 trainer: only kernel and reduction-order differences",
-    "bf16": "bf16 engine vs fp32 trainer (the precision the engine runs in)",
-    "fp16": "fp16 engine vs fp32 trainer (the precision the engine runs in)",
-}
+#: the ids a prompt is drawn from start past the embedded tokenizer's three special ids
+FIRST_PROMPT_ID = 3
+
+Batch = tuple[int, int, int]
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one calibration measures: the models, the precisions, the batch sizes."""
+
+    models: tuple[Path, ...]
+    engine_dtype: str
+    backend_dtypes: tuple[str, ...]
+    depth: str = "quick"
+    sampling_seeds: tuple[int, ...] = SAMPLING_SEEDS
+
+    @property
+    def factor(self) -> float:
+        return FACTORS[self.engine_dtype]
+
+    @property
+    def batches(self) -> tuple[Batch, ...]:
+        return DEPTH_BATCHES[self.depth]
+
+
+def default_backend_dtypes(engine_dtype: str) -> tuple[str, ...]:
+    """fp32, and the engine's own precision where it is lower (a trainer runs in either)."""
+    return ("float32",) if engine_dtype == "float32" else ("float32", engine_dtype)
+
+
+def fitted_batches(plan: Plan, infos: Sequence[Any]) -> tuple[Batch, ...]:
+    """The plan's batches within every model's context: the rollout kept to half of it, the
+    prompt shortened so that prompt + rollout + one more position fit (engines rescore a
+    sequence by generating one past it)."""
+    contexts = [i.max_position_embeddings for i in infos if i.max_position_embeddings]
+    if not contexts:
+        return plan.batches
+    context = min(contexts)
+    fitted = []
+    for prompts, length, new in plan.batches:
+        new = min(new, context // 2)
+        fitted.append((prompts, max(1, min(length, context - new - 1)), new))
+    return tuple(fitted)
 
 
 @dataclass
@@ -68,10 +111,9 @@ class Measured:
         return statistics.median(self.values)
 
 
-def measure(
-    precision: str, backend_precision: str, batches: tuple[tuple[int, int, int], ...]
-) -> dict[str, list[float]]:
-    """Run the reference stack, engine in ``precision``; every metric's values."""
+def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measured], list[Any]]:
+    """Run the reference stack of ``plan`` on every model; every metric's values, and the
+    models' :class:`~conformance.models.ModelInfo`."""
     import torch
 
     from conformance.backends import BackendConfig
@@ -79,36 +121,44 @@ def measure(
     from conformance.engines import EngineConfig, SamplingSpec
     from conformance.engines.hf_generate import HFGenerateEngine
     from conformance.metrics import mismatch_metrics, stack_ragged
-    from conformance.models.cache import DEFAULT_MODEL, cached_model
+    from conformance.models import inspect_model
     from conformance.suite_support import generated_rows
 
+    infos = [inspect_model(model) for model in plan.models]
     found: dict[str, list[float]] = {m.name: [] for m in METRICS}
-    for arch, seed in MODELS:
-        model = cached_model(**{**DEFAULT_MODEL, "arch": arch, "seed": seed})
-        engine = HFGenerateEngine(EngineConfig(model=model, dtype=precision))
-        backend = HFBackend(BackendConfig(model=model, dtype=backend_precision))
-        for (prompts, length, new), sampling_seed in (
-            (b, s) for b in batches for s in SAMPLING_SEEDS
-        ):
-            generator = torch.Generator().manual_seed(sampling_seed)
-            ids = torch.randint(3, 384, (prompts, length), generator=generator).tolist()
-            spec = SamplingSpec(max_new_tokens=new, seed=sampling_seed)
-            completions = engine.generate(ids, spec)
-            recomputed = backend.recompute([c.sequence for c in completions]).logprobs
-            lp_train, lp_infer, _ = generated_rows(completions, recomputed)
-            train, mask = stack_ragged(lp_train)
-            infer, _ = stack_ragged(lp_infer)
-            for name, value in mismatch_metrics(train, infer, mask).items():
-                found[name].append(value)
-            print(
-                f"  {precision} vs {backend_precision} {arch}-s{seed} "
-                f"batch {prompts}x{length}+{new}",
-                flush=True,
-            )
-    return found
+    batches = fitted_batches(plan, infos)
+    steps = len(infos) * len(plan.backend_dtypes) * len(batches) * len(plan.sampling_seeds)
+    done, started = 0, time.perf_counter()
+    for info in infos:
+        engine = HFGenerateEngine(EngineConfig(model=info.path, dtype=plan.engine_dtype))
+        special = set(info.special_token_ids)
+        ids = torch.tensor([i for i in range(FIRST_PROMPT_ID, info.vocab_size) if i not in special])
+        for backend_dtype in plan.backend_dtypes:
+            backend = HFBackend(BackendConfig(model=info.path, dtype=backend_dtype))
+            for prompts, length, new in batches:
+                for seed in plan.sampling_seeds:
+                    generator = torch.Generator().manual_seed(seed)
+                    drawn = torch.randint(0, len(ids), (prompts, length), generator=generator)
+                    completions = engine.generate(
+                        ids[drawn].tolist(), SamplingSpec(max_new_tokens=new, seed=seed)
+                    )
+                    recomputed = backend.recompute([c.sequence for c in completions]).logprobs
+                    lp_train, lp_infer, _ = generated_rows(completions, recomputed)
+                    train, mask = stack_ragged(lp_train)
+                    infer, _ = stack_ragged(lp_infer)
+                    for name, value in mismatch_metrics(train, infer, mask).items():
+                        found[name].append(value)
+                    done += 1
+                    progress(
+                        f"[{done}/{steps}] {plan.engine_dtype} engine vs {backend_dtype} backend, "
+                        f"{info.arch} {info.path.name}, {prompts} x ({length} + {new}) tokens, "
+                        f"seed {seed} ({time.perf_counter() - started:.0f} s)"
+                    )
+            del backend  # before the next one loads: a user's model may not fit twice
+    return {name: Measured(values) for name, values in found.items() if values}, infos
 
 
-def threshold(profile: str, fact: Metric, measured: Measured, factor: float) -> tuple[float, str]:
+def threshold(fact: Metric, measured: Measured, plan: Plan) -> tuple[float, str]:
     """The bound and the comment that says where it comes from."""
     worst = measured.worst(fact)
     note = f"measured median {_num(fact, measured.median())}, worst {_num(fact, worst)}"
@@ -116,11 +166,11 @@ def threshold(profile: str, fact: Metric, measured: Measured, factor: float) -> 
         return 0.0, "a NaN/inf log-probability is never conformant"
     if fact.name == "exact_match_rate":
         return 0.0, f"not required: kernels differ ({note})"
-    scale = factor**2 if fact.name in QUADRATIC else factor
+    scale = plan.factor**2 if fact.name in QUADRATIC else plan.factor
     # a lower bound sits below the ideal; upper and two-sided bounds are written above it
     sign = -1.0 if fact.bound == "min" else 1.0
     bound = _round_up(fact.ideal + sign * scale * fact.deviation(worst), fact)
-    anchor = ANCHORS.get(profile, {}).get(fact.name)
+    anchor = ANCHORS.get(plan.engine_dtype, {}).get(fact.name)
     if anchor is not None:
         value, source = anchor
         margin = fact.deviation(value) / max(fact.deviation(worst), 1e-300)
@@ -129,49 +179,96 @@ def threshold(profile: str, fact: Metric, measured: Measured, factor: float) -> 
     return bound, note
 
 
-def write_profile(
-    path: Path,
-    profile: str,
-    measured: dict[str, Measured],
-    factor: float,
-    when: str,
-    batches: tuple[tuple[int, int, int], ...],
-) -> None:
+def provenance(plan: Plan, infos: Sequence[Any], command: str) -> dict[str, Any]:
+    """What the profile was measured on, as its ``[provenance]`` table records it."""
+    from conformance.stack import device_info, package_versions
+
+    return {
+        "command": command,
+        "created": dt.datetime.now().isoformat(timespec="seconds"),
+        "engine": "hf-generate",
+        "backend": "hf",
+        "engine_dtype": plan.engine_dtype,
+        "backend_dtypes": list(plan.backend_dtypes),
+        "depth": plan.depth,
+        "batches": [list(batch) for batch in fitted_batches(plan, infos)],
+        "sampling_seeds": list(plan.sampling_seeds),
+        "factor": plan.factor,
+        "device": device_info(),
+        "versions": {k: v for k, v in package_versions().items() if v is not None},
+        "models": [
+            {
+                "path": str(info.path),
+                "sha256": info.sha256,
+                "arch": info.arch,
+                "vocab_size": info.vocab_size,
+                "num_layers": info.num_layers,
+                "hidden_size": info.hidden_size,
+            }
+            for info in infos
+        ],
+    }
+
+
+def render_profile(plan: Plan, measured: dict[str, Measured], origin: dict[str, Any]) -> str:
+    """The profile TOML: a header saying how it was measured, one commented threshold per
+    bounded metric, and the ``[provenance]`` table ``origin``."""
+    batches = [tuple(b) for b in origin["batches"]]
+    prompts, _, new = min(batches, key=lambda b: b[0] * b[2])
+    models = ", ".join(f"{m['arch']} ({Path(m['path']).name})" for m in origin["models"])
+    description = (
+        f"{_short(plan.engine_dtype)} engine vs {' and '.join(map(_short, plan.backend_dtypes))} "
+        f"trainer, calibrated on {models}"
+    )
     quadratic = ", ".join(sorted(QUADRATIC))
-    prompts, _, new = min(batches, key=lambda batch: batch[0] * batch[2])
-    pooled_tokens = prompts * new
     lines = [
-        f"# {profile}: {DESCRIPTIONS[profile]}",
-        "# Calibrated by `python -m conformance.profiles.calibrate` (see its docstring): "
-        "hf-generate (KV-cache decode,",
-        f"# left padding) vs the hf backend's full forward in {_backends(profile)} on 3 models "
-        "(qwen2 seeds 0 and 1, llama seed 2;",
-        f"# 2 layers, hidden 64, vocab 384), batches {_batches(batches)} x {len(SAMPLING_SEEDS)} "
-        f"sampling seeds, measured {when}.",
-        f"# Threshold = worst measured distance from the ideal x {factor:g} ({factor:g}^2 for "
-        f"{quadratic}), rounded up",
+        f"# {description}",
+        "# Calibrated by `tim-conformance calibrate` (conformance/profiles/calibrate.py): "
+        "hf-generate (KV-cache decode, left",
+        f"# padding) vs the hf backend's full forward, batches "
+        f"{', '.join(f'{p}x({n}+{k})' for p, n, k in batches)} x {len(plan.sampling_seeds)} "
+        f"sampling seeds, measured {origin['created'][:10]}.",
+        f"# Threshold = worst measured distance from the ideal x {plan.factor:g} "
+        f"({plan.factor:g}^2 for {quadratic}), rounded up",
         "# to two significant digits; signed metrics (rho_mean, k1, chi2_token) are bounded on "
         "both sides of their ideal.",
-        f'description = "{DESCRIPTIONS[profile]}"',
-        f"min_pooled_tokens = {pooled_tokens}  # the smallest batch's rollout tokens "
+        f"# Rebuild: {origin['command']}",
+        f"description = {_toml(description)}",
+        f"min_pooled_tokens = {prompts * new}  # the smallest batch's rollout tokens "
         f"({prompts} x {new}): pooled bounds are judged from there",
         "",
     ]
     for fact in METRICS:
         if fact.grows_with_length or fact.name not in measured:
             continue
-        value, note = threshold(profile, fact, measured[fact.name], factor)
+        value, note = threshold(fact, measured[fact.name], plan)
         lines.append(f"{fact.name} = {value!r}  # {note}")
-    path.write_text("\n".join(lines) + "\n")
+    lines += ["", "[provenance]"]
+    lines += [f"{k} = {_toml(v)}" for k, v in origin.items() if k != "models"]
+    for model in origin["models"]:
+        lines += ["", "[[provenance.models]]", *(f"{k} = {_toml(v)}" for k, v in model.items())]
+    return "\n".join(lines) + "\n"
 
 
-def _backends(profile: str) -> str:
-    dtypes = next(backends for name, _, backends, _ in PRECISIONS if name == profile)
-    return " and ".join(dtypes)
+def _toml(value: Any) -> str:
+    """A TOML value: strings, numbers, booleans, lists and inline tables (None dropped)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        # TOML basic strings take JSON's escapes
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        items = (f"{k} = {_toml(v)}" for k, v in value.items() if v is not None)
+        return "{ " + ", ".join(items) + " }"
+    return _toml(str(value))
 
 
-def _batches(batches: tuple[tuple[int, int, int], ...]) -> str:
-    return ", ".join(f"{p}x({n}+{new})" for p, n, new in batches)
+def _short(dtype: str) -> str:
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[dtype]
 
 
 def _round_up(value: float, fact: Metric) -> float:
@@ -188,26 +285,3 @@ def _num(fact: Metric, value: float) -> str:
     if fact.ideal == 1.0 and 0 < abs(value - 1) < 0.01:
         return f"1 {'+' if value > 1 else '-'} {abs(value - 1):.2g}"
     return f"{value:.3g}"
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent)
-    parser.add_argument(
-        "--quick", action="store_true", help="only the two smaller batch sizes (a trial run)"
-    )
-    args = parser.parse_args()
-    batches = BATCHES[:2] if args.quick else BATCHES
-    when = dt.date.today().isoformat()
-    for profile, precision, backend_precisions, factor in PRECISIONS:
-        found: dict[str, list[float]] = {}
-        for backend_precision in backend_precisions:
-            for name, values in measure(precision, backend_precision, batches).items():
-                found.setdefault(name, []).extend(values)
-        measured = {name: Measured(values) for name, values in found.items() if values}
-        write_profile(args.out / f"{profile}.toml", profile, measured, factor, when, batches)
-        print(f"wrote {args.out / f'{profile}.toml'}", flush=True)
-
-
-if __name__ == "__main__":
-    main()

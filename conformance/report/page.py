@@ -133,6 +133,22 @@ def verdict_banner(report: Report) -> Markup:
     )
 
 
+def calibrated_on(provenance: dict[str, Any] | None) -> str:
+    """A profile's provenance in one line: models, device, torch, depth and date."""
+    if not provenance:
+        return "— (no [provenance]: not written by tim-conformance calibrate)"
+    models = ", ".join(
+        f"{m.get('arch', '?')} {str(m.get('sha256', ''))[:12]}"
+        for m in provenance.get("models", [])
+    )
+    device = provenance.get("device") or {}
+    return (
+        f"{models} on {device.get('kind', '?')} {device.get('name', '?')}, torch "
+        f"{(provenance.get('versions') or {}).get('torch', '?')}, depth "
+        f"{provenance.get('depth', '?')}, {str(provenance.get('created', '?'))[:10]}"
+    )
+
+
 def run_table(report: Report) -> Markup:
     """Fingerprint, stack, profile, seed and the command that replays the run."""
     # the stack's required fields are validated; the rest is what the engine and backend
@@ -154,6 +170,8 @@ def run_table(report: Report) -> Markup:
         ("device", _pairs(stack.get("device"))),
         ("environment", _pairs(stack.get("env")) or "—"),
         ("profile", f"{profile.name}  {profile.source or ''}"),
+        ("calibrated on", calibrated_on(profile.provenance)),
+        *([("profile warning", profile.foreign)] if profile.foreign else []),
         ("thresholds", _pairs(profile.thresholds)),
         ("seed · examples", f"{report.seed} · {report.examples}"),
     ]

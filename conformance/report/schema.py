@@ -161,6 +161,12 @@ class ProfileInfo(Record):
     thresholds: dict[str, float] = field(default_factory=dict)
     #: pools of fewer tokens were not held to the pooled bounds
     min_pooled_tokens: int = 1
+    #: what the profile was calibrated on (its ``[provenance]``: models, device, versions,
+    #: sizes, seeds); absent for a hand-written profile and in files from before the field
+    provenance: dict[str, Any] | None = None
+    #: the one line saying the stack's model or device is not the one the profile was
+    #: calibrated on; None when it is, or when the profile records no provenance
+    foreign: str | None = None
 
 
 @dataclass(kw_only=True)

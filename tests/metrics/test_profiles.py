@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from conformance.errors import ProfileError
 from conformance.metric_table import BY_NAME, EXAMPLE_METRICS, METRICS, metric
 from conformance.metrics import mismatch_metrics, stack_ragged
 from conformance.profiles import available_profiles, load_profile
-from conformance.profiles.calibrate import BATCHES, PRECISIONS
+from conformance.profiles.calibrate import DEPTH_BATCHES
 
 SHIPPED = ("bf16", "exact", "fp16", "fp32")
 #: what the shipped profiles bound: every metric but those that grow with sequence length
@@ -138,8 +139,8 @@ def test_min_pooled_tokens_must_be_a_positive_integer(tmp_path, value: str) -> N
 
 
 def test_calibrated_profiles_judge_pools_from_the_smallest_calibrated_batch() -> None:
-    smallest = min(prompts * new for prompts, _, new in BATCHES)
-    for name, *_ in PRECISIONS:
+    smallest = min(prompts * new for prompts, _, new in DEPTH_BATCHES["deep"])
+    for name in ("fp32", "bf16", "fp16"):
         assert load_profile(name).min_pooled_tokens == smallest, name
     assert load_profile("exact").min_pooled_tokens == 1  # bitwise equality holds at any size
 
@@ -191,3 +192,67 @@ def test_calibration_fp32_passes_fp32_and_bf16_fails_it(default_model) -> None:
     # clearly: bf16 breaks the fp32 bound on nearly every metric, by orders of magnitude
     assert len(failed) >= len(BOUNDED) - 5
     assert bf16_stack["abs_diff_mean"] > 100 * fp32.thresholds["abs_diff_mean"]
+
+
+# --- calibrated profiles: provenance and where they apply ----------------------------------
+
+
+def _calibrated(tmp_path, engine_dtype: str = "bfloat16") -> tuple[Path, dict]:
+    """A profile rendered from made-up measurements, as ``calibrate`` writes it."""
+    from conformance.profiles.calibrate import Measured, Plan, render_profile
+
+    plan = Plan(models=(tmp_path,), engine_dtype=engine_dtype, backend_dtypes=("float32",))
+    rng = random.Random(0)
+    measured = {
+        m.name: Measured([m.ideal + rng.uniform(-1e-3, 1e-3) for _ in range(4)])
+        for m in METRICS
+        if not m.grows_with_length
+    }
+    origin = {
+        "command": 'tim-conformance calibrate --model "/my models/x" --out p.toml',
+        "created": "2026-11-25T12:00:00",
+        "depth": "quick",
+        "batches": [[8, 64, 32], [32, 512, 128]],
+        "device": {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "count": 1},
+        "versions": {"torch": "2.13.0", "vllm": None},
+        "models": [{"path": "/my models/x", "sha256": "ab" * 32, "arch": "llama"}],
+    }
+    path = tmp_path / "mine.toml"
+    path.write_text(render_profile(plan, measured, origin))
+    return path, origin
+
+
+def test_a_calibrated_profile_loads_with_its_provenance(tmp_path) -> None:
+    path, origin = _calibrated(tmp_path)
+    profile = load_profile(path)
+    assert set(profile.thresholds) == BOUNDED
+    assert profile.min_pooled_tokens == 8 * 32
+    assert profile.provenance["models"] == origin["models"]
+    assert profile.provenance["device"] == origin["device"]
+    assert profile.provenance["versions"] == {"torch": "2.13.0"}  # TOML has no null
+    assert profile.provenance["command"] == origin["command"]
+    assert "calibrated on llama (x)" in profile.description
+    # bf16: 3 x the worst measured distance from the ideal (at most 1e-3 here), rounded up
+    assert 1e-3 < profile.thresholds["abs_diff_max"] <= 3e-3
+
+
+def test_a_profile_from_another_model_or_device_says_so_in_one_line(tmp_path) -> None:
+    profile = load_profile(_calibrated(tmp_path)[0])
+    h100 = {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "count": 8}
+    assert profile.foreign_to("ab" * 32, h100) is None  # its model, its device (count aside)
+    other_model = profile.foreign_to("cd" * 32, h100)
+    assert other_model is not None and "\n" not in other_model
+    assert (
+        "calibrated on other models" in other_model and "tim-conformance calibrate" in other_model
+    )
+    cpu = profile.foreign_to("ab" * 32, {"kind": "cpu", "name": "x86_64", "threads": 2})
+    assert cpu is not None and "another device" in cpu and "cuda NVIDIA H100" in cpu
+    # a hand-written profile claims no model and no device
+    assert load_profile("exact").foreign_to("cd" * 32, h100) is None
+
+
+def test_provenance_must_be_a_table(tmp_path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('provenance = "my laptop"\nrho_std = 1e-5\n')
+    with pytest.raises(ProfileError, match="provenance is not a table"):
+        load_profile(path)

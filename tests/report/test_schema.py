@@ -28,7 +28,7 @@ REAL = Path(__file__).parent / "data" / "schema1-bf16-prefill.json"
 #: the fields early schema-1 files lack, per report and per check
 LATER = ("depth", "timing", "fix", "scope")
 LATER_PER_CHECK = ("shrink", "seconds", "worst_case_metrics", "tokens")
-LATER_PER_PROFILE = ("min_pooled_tokens",)
+LATER_PER_PROFILE = ("min_pooled_tokens", "provenance", "foreign")
 
 
 def write(path: Path, data: dict) -> Path:
@@ -90,16 +90,23 @@ def test_gate_certificate_summary_and_page_read_early_and_current_files_alike(
     # the early file does not say it ran one suite: its certificate reads as the stack's, as
     # certificates did before reports recorded their scope
     assert [c.pop("scope") for c in certificates] == ["stack", "suites"]
+    # nor where its profile was calibrated
+    assert [c["profile"].pop("provenance") is None for c in certificates] == [True, False]
     for certificate in certificates:
         del certificate["report_sha256"]
     assert certificates[0] == certificates[1]
     assert certificates[0]["metrics"]["prefill_parity"]["abs_diff_max"] > 1e-3
     lines = [verdict_lines(load_report(path), None) for path in (old, current)]
     assert lines[0] == lines[1] and "verdict: NOT CERTIFIED" in lines[0][-2]
-    # the page says how long shrinking took when the file says so, and is otherwise the same
+    # the page says how long shrinking took and where the profile was calibrated when the file
+    # says so, and is otherwise the same
     old_page, page = (render_html(load_report(path)) for path in (old, current))
-    assert "shrunk in" not in old_page
-    assert re.sub(r'<p class="sub">shrunk in [^<]*</p>', "", page) == old_page != page
+    assert "shrunk in" not in old_page and "no [provenance]" in old_page
+    calibrated = r"<td>calibrated on</td><td>[^<]*</td>"
+    shipped = "qwen2 60019ed3e253, qwen2 d3d40784f6d2, llama 0f1e10a4893a on cpu x86_64"
+    assert shipped in re.search(calibrated, page).group()
+    without = re.sub(r'<p class="sub">shrunk in [^<]*</p>', "", re.sub(calibrated, "", page))
+    assert without == re.sub(calibrated, "", old_page) != page
 
 
 def test_unknown_fields_are_kept(tmp_path) -> None:

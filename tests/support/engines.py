@@ -11,7 +11,7 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 from conformance.engines.base import Completion, EngineConfig, LogprobKind, SamplingSpec
 from conformance.engines.hf_generate import HFGenerateEngine
@@ -113,6 +113,44 @@ class RareNaN(HFGenerateEngine):
             return [float("nan") if t == at else lp for t, lp in enumerate(c.logprobs)]
 
         return _edit_logprobs(completions, poison)
+
+
+class ConstantBias(HFGenerateEngine):
+    """Adds ``bias`` nats (option, default 0.01) to every reported log-prob past the ``after``-th
+    generated token (default 16), as a log-softmax whose normaliser is computed a little off
+    (a logsumexp in lower precision) would: per token it hides in bf16 rounding, over a
+    1,000-token rollout it is an e^10 sequence ratio (issue 20's detection-power yardstick)."""
+
+    name = "constant-bias"
+    OPTIONS: ClassVar[Mapping[str, str]] = {
+        **HFGenerateEngine.OPTIONS, "bias": "0.01", "after": "16"
+    }  # fmt: skip
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        bias, after = float(self.options["bias"]), int(self.options["after"])
+        completions = super().generate(prompts, spec, **kw)
+        return _edit_logprobs(
+            completions, lambda c: [lp + bias * (t >= after) for t, lp in enumerate(c.logprobs)]
+        )
+
+
+class TokenNoise(HFGenerateEngine):
+    """Adds zero-mean Gaussian noise of standard deviation ``noise`` nats (option, default 0.01)
+    to every reported log-prob, seeded by the rollout: an unbiased but imprecise kernel."""
+
+    name = "token-noise"
+    OPTIONS: ClassVar[Mapping[str, str]] = {**HFGenerateEngine.OPTIONS, "noise": "0.01"}
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        noise = float(self.options["noise"])
+        completions = super().generate(prompts, spec, **kw)
+        return _edit_logprobs(
+            completions,
+            lambda c: [
+                lp + random.Random(hash((tuple(c.prompt), t))).gauss(0.0, noise)
+                for t, lp in enumerate(c.logprobs)
+            ],
+        )
 
 
 class NoOpWeightSync(HFGenerateEngine):

@@ -1,0 +1,107 @@
+"""``tim-conformance calibrate``: measure the reference stack on a model, write its profile."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+from typing import Any
+
+from conformance.errors import UsageError
+
+EPILOG = """examples:
+  tim-conformance calibrate --model ~/models/mine --out mine-fp32.toml
+  tim-conformance calibrate --model ~/models/mine --engine-dtype bf16 --out mine-bf16.toml
+  tim-conformance certify --model ~/models/mine --engine-dtype bf16 --profile mine-bf16.toml
+
+The profile holds one threshold per metric with its measurement beside it, and a [provenance]
+table (models' sha256, device, versions, sizes, seeds); certify warns when the stack's model or
+device is not the one it was measured on.
+"""
+
+
+def add_parser(subparsers: Any) -> None:
+    from conformance.dtypes import DTYPE_NAMES
+    from conformance.profiles.calibrate import DEPTH_BATCHES
+
+    parser = subparsers.add_parser(
+        "calibrate",
+        help="measure the reference stack on your model and device; write a tolerance profile",
+        description="Run hf-generate (KV-cache decode) against the hf backend's full forward on "
+        "MODEL(s) and write a profile whose thresholds are the measured worst times a safety "
+        "factor (10 in fp32, 3 in bf16/fp16). Takes minutes; progress is printed.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="model folder (repeatable: one profile over several models; default: embedded)",
+    )
+    parser.add_argument(
+        "--engine-dtype", default="float32", help=f"one of {', '.join(DTYPE_NAMES)}"
+    )
+    parser.add_argument(
+        "--backend-dtype",
+        action="append",
+        default=[],
+        metavar="DTYPE",
+        help="repeatable; default: float32, and the engine's precision where it is lower",
+    )
+    parser.add_argument("--depth", choices=tuple(DEPTH_BATCHES), default="quick")
+    parser.add_argument("--out", type=Path, required=True, help="the profile .toml to write")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from conformance.dtypes import canonical_dtype
+    from conformance.models import default_model
+    from conformance.profiles import load_profile
+    from conformance.profiles.calibrate import (
+        Plan,
+        default_backend_dtypes,
+        measure,
+        provenance,
+        render_profile,
+    )
+
+    if args.out.suffix != ".toml":
+        raise UsageError(f"--out {args.out} is not a .toml file", "pass e.g. --out mine.toml")
+    if not args.out.parent.is_dir():
+        raise UsageError(
+            f"--out folder {args.out.parent} does not exist", "create it or pass another path"
+        )
+    engine_dtype = canonical_dtype(args.engine_dtype)
+    backend_dtypes = tuple(dict.fromkeys(canonical_dtype(d) for d in args.backend_dtype))
+    plan = Plan(
+        models=tuple(m.expanduser() for m in args.model) or (default_model(),),
+        engine_dtype=engine_dtype,
+        backend_dtypes=backend_dtypes or default_backend_dtypes(engine_dtype),
+        depth=args.depth,
+    )
+    print(
+        f"tim-conformance: calibrating {engine_dtype} hf-generate vs "
+        f"{' and '.join(plan.backend_dtypes)} hf on {len(plan.models)} model(s), depth "
+        f"{plan.depth} -> {args.out}",
+        flush=True,
+    )
+    measured, infos = measure(plan, progress=lambda line: print(f"  {line}", flush=True))
+    command = shlex.join(
+        [
+            "tim-conformance", "calibrate",
+            *(a for model in plan.models for a in ("--model", str(model))),
+            "--engine-dtype", engine_dtype,
+            *(a for dtype in plan.backend_dtypes for a in ("--backend-dtype", dtype)),
+            "--depth", plan.depth, "--out", str(args.out),
+        ]
+    )  # fmt: skip
+    args.out.write_text(render_profile(plan, measured, provenance(plan, infos, command)))
+    profile = load_profile(args.out)  # what certify will read: it must load
+    print(
+        f"tim-conformance: wrote {args.out} ({len(profile.thresholds)} thresholds; "
+        f"certify --profile {args.out})"
+    )
+    return 0

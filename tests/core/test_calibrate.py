@@ -1,0 +1,143 @@
+"""``tim-conformance calibrate`` on a model the harness has never seen: it writes a profile that
+names its provenance, and ``certify --profile`` with it passes the sound stacks on that model
+(fp32, and bf16 under the bf16 calibration) and fails the broken engines; ``certify`` with a
+profile calibrated on another model warns in one line, and the report says so too."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_verdicts import ENGINES, REPO, certify, failed_checks
+
+from conformance.profiles import load_profile
+
+pytestmark = pytest.mark.slow
+
+
+def calibrate(
+    *args: str, env: dict[str, str], cwd: Path = REPO
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "conformance", "calibrate", *args],
+        capture_output=True, text=True, env=env, cwd=cwd, timeout=1800,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def unseen(tmp_path_factory) -> Path:
+    """A small model of another recipe, seed and vocabulary than any the harness ships or
+    tests with (qwen3: its bf16 reference stack does not drift with position, as llama's does)."""
+    from conformance.models import make_model
+
+    folder = tmp_path_factory.mktemp("unseen") / "qwen3-s11"
+    make_model(folder, arch="qwen3", seed=11, vocab=512)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def calibrated(unseen, tmp_path_factory) -> dict[str, Path]:
+    """The unseen model's fp32 and bf16 profiles, written by the command a user runs."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    out = tmp_path_factory.mktemp("profiles")
+    profiles = {}
+    # one backend in fp32; bf16 against an fp32 and a bf16 backend: 2 batches x 2 seeds each
+    for dtype, steps in (("float32", 4), ("bfloat16", 8)):
+        path = out / f"unseen-{dtype}.toml"
+        result = calibrate(
+            "--model", str(unseen), "--engine-dtype", dtype, "--out", str(path),
+            env=env,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        assert f"[{steps}/{steps}]" in result.stdout  # progress, a line a batch
+        profiles[dtype] = path
+    return profiles
+
+
+def test_the_profile_names_what_it_was_measured_on(unseen, calibrated) -> None:
+    from conformance.models import inspect_model
+
+    fp32, bf16 = (load_profile(calibrated[d]) for d in ("float32", "bfloat16"))
+    (model,) = fp32.provenance["models"]
+    assert model["sha256"] == inspect_model(unseen).sha256 and model["arch"] == "qwen3"
+    assert fp32.provenance["device"]["kind"] == "cpu"
+    assert fp32.provenance["versions"]["torch"] and fp32.provenance["sampling_seeds"] == [0, 1]
+    assert bf16.provenance["backend_dtypes"] == ["float32", "bfloat16"]
+    # measured, so the profiles differ from the shipped ones and bf16 is the looser
+    assert fp32.thresholds != load_profile("fp32").thresholds
+    assert bf16.thresholds["abs_diff_max"] > 100 * fp32.thresholds["abs_diff_max"]
+    # the written command rebuilds it
+    assert fp32.provenance["command"].startswith(f"tim-conformance calibrate --model {unseen}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sound_stacks_pass_their_calibrated_profile(
+    unseen, calibrated, dtype, tmp_path, cli_env
+) -> None:
+    code, report, output = certify(
+        "--model", str(unseen), "--engine-dtype", dtype, "--profile", str(calibrated[dtype]),
+        env=cli_env, out=tmp_path / "run",
+    )  # fmt: skip
+    assert code == 0, output[-3000:]
+    assert report["profile"]["provenance"]["models"][0]["path"] == str(unseen)
+    assert report["profile"]["foreign"] is None and "warning: profile" not in output
+    certificate = json.loads((tmp_path / "run" / "certificate.json").read_text())
+    assert certificate["certified"] and certificate["profile"]["provenance"]
+
+
+@pytest.mark.parametrize(
+    ("engine", "suite"),
+    [("RunToRunNoise", "determinism"), ("LateDrift", "rollout_parity")],
+)
+def test_broken_engines_fail_the_calibrated_profile(
+    unseen, calibrated, engine, suite, tmp_path, cli_env
+) -> None:
+    code, report, output = certify(
+        "--model", str(unseen), "--engine", ENGINES + engine, "--suite", suite,
+        "--profile", str(calibrated["float32"]), env=cli_env, out=tmp_path / "run",
+    )  # fmt: skip
+    assert code == 1, output[-3000:]
+    assert {c["suite"] for c in failed_checks(report)} == {suite}
+
+
+def test_a_small_bias_fails_the_calibrated_bf16_profile(unseen, calibrated, tmp_path, cli_env):
+    """0.01 nats on every token past the 16th: within bf16 rounding per token, an e^10 ratio on
+    a 1,000-token rollout. The model's own bf16 profile must see it."""
+    code, report, output = certify(
+        "--model", str(unseen), "--engine", ENGINES + "ConstantBias", "--engine-dtype",
+        "bfloat16", "--suite", "rollout_parity", "--profile", str(calibrated["bfloat16"]),
+        env=cli_env, out=tmp_path / "run",
+    )  # fmt: skip
+    assert code == 1, output[-3000:]
+    violated = {v["metric"] for c in failed_checks(report) for v in c["violations"]}
+    assert violated & {"k1", "rho_mean", "log_ppl_abs_diff_per_sqrt_len"}, violated
+
+
+def test_a_profile_from_another_model_warns_in_one_line(calibrated, tmp_path, cli_env) -> None:
+    code, report, output = certify(
+        "--profile", str(calibrated["float32"]), "--suite", "prefill_parity",
+        env=cli_env, out=tmp_path / "run",
+    )  # fmt: skip
+    assert code in (0, 1), output[-3000:]  # a verdict, whatever it is
+    warnings = [line for line in output.splitlines() if "was calibrated on other models" in line]
+    assert warnings and all(w.startswith("tim-conformance: warning: profile") for w in warnings)
+    assert "calibrated on other models" in report["profile"]["foreign"]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--out", "/nonexistent-folder/p.toml"], "--out folder /nonexistent-folder does not"),
+        (["--out", "p.json"], "is not a .toml file"),
+        (["--model", "/no/such/model", "--out", "p.toml"], "model folder /no/such/model does not"),
+        (["--engine-dtype", "fp8", "--out", "p.toml"], "unknown dtype 'fp8'"),
+    ],
+)
+def test_bad_input_is_one_line(args, says, tmp_path, cli_env) -> None:
+    result = calibrate(*args, env=cli_env, cwd=tmp_path)
+    assert result.returncode == 2
+    assert says in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
