@@ -42,7 +42,10 @@ def add_parser(subparsers: Any) -> None:
         help="model folder (repeatable: one profile over several models; default: embedded)",
     )
     parser.add_argument(
-        "--engine-dtype", default="float32", help=f"one of {', '.join(DTYPE_NAMES)}"
+        "--engine-dtype",
+        default="float32",
+        metavar="DTYPE",
+        help=f"one of {', '.join(DTYPE_NAMES)} (default: %(default)s)",
     )
     parser.add_argument(
         "--backend-dtype",
@@ -51,7 +54,16 @@ def add_parser(subparsers: Any) -> None:
         metavar="DTYPE",
         help="repeatable; default: float32, and the engine's precision where it is lower",
     )
-    parser.add_argument("--depth", choices=tuple(DEPTH_BATCHES), default="quick")
+    parser.add_argument(
+        "--depth",
+        choices=tuple(DEPTH_BATCHES),
+        default="quick",
+        help="the batches measured, 2 sampling seeds each (match certify's --depth): "
+        + "; ".join(
+            f"{name}: {', '.join(f'{p} x ({n} + {k})' for p, n, k in batches)} tokens"
+            for name, batches in DEPTH_BATCHES.items()
+        ),
+    )
     parser.add_argument("--out", type=Path, required=True, help="the profile .toml to write")
     parser.set_defaults(func=run)
 
