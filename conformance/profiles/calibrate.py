@@ -3,29 +3,32 @@
 ``tim-conformance calibrate --model DIR`` runs the reference stack — ``hf-generate`` (KV-cache
 decode, left padding) in the engine precision against the ``hf`` backend's full forward in each
 backend precision (by default fp32, and the engine's own precision where it is lower: a profile
-covers both stacks) — on each model given, over rollout batches that span the depth: quick from
-8 prompts × 32 new tokens to 32 × 128, deep up to 8 prompts × 2,048 new tokens. Each threshold
-is the measured extreme times a safety factor (10 in fp32, where only kernel and reduction order
-differ; 3 in bf16/fp16, whose rounding dominates), squared for the quadratic metrics (k2, k3,
-1 − pcc), applied to the distance from the metric's ideal; community anchors replace the factor
-where they are tighter but still above the measurement (verl's ``rollout_probs_diff_mean`` <
-0.01, NeMo-RL's ``token_mult_prob_error`` < 1.05). Every metric is measured per batch, pooled
-ones included: a suite pools one test's tokens, often a few hundred, and a mean over a few
-hundred tokens strays further from its ideal than one over a whole model's batches. The smallest
-batch's rollout tokens are the profile's ``min_pooled_tokens``: below it a pooled bound would be
-judged outside what was measured. The measurement sits next to each number in the written TOML,
-and its ``[provenance]`` table names the models (sha256), device, versions, sizes and seeds.
+covers both stacks) — on each model given and on that model holding the weight-sync suite's new
+weights (the suite scores such a model, and it drifts more), over rollout batches that span the
+depth: quick from 8 prompts × 32 new tokens to 32 × 128, deep up to 8 prompts × 2,048 new
+tokens. Each threshold is the measured extreme times a safety factor (10 in fp32, where only
+kernel and reduction order differ; 3 in bf16/fp16, whose rounding dominates), squared for the
+quadratic metrics (k2, k3, 1 − pcc), applied to the distance from the metric's ideal; community
+anchors replace the factor where they are tighter but still above the measurement (verl's
+``rollout_probs_diff_mean`` < 0.01, NeMo-RL's ``token_mult_prob_error`` < 1.05). Every metric is
+measured per batch, pooled ones included: a suite pools one test's tokens, often a few hundred,
+and a mean over a few hundred tokens strays further from its ideal than one over a whole model's
+batches. The smallest batch's rollout tokens are the profile's ``min_pooled_tokens``: below it a
+pooled bound would be judged outside what was measured. The measurement sits next to each number
+in the written TOML, and its ``[provenance]`` table names the models (sha256), device, versions,
+sizes and seeds.
 
 The shipped ``fp32``, ``bf16`` and ``fp16`` profiles are written by this same command on three
-``make-model`` models (README, "Profiles"); each file's header holds the command.
-"""
+``make-model`` models (README, "Profiles"); each file's header holds the command."""
 
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import math
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.metric_table import METRICS, Metric
+from conformance.weights import SYNC_SEEDS, perturbed, read_weights, write_model
 
 #: (prompts, prompt length, new tokens) per depth: each depth's small, middle and large ends
 DEPTH_BATCHES = {
@@ -120,42 +124,80 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measured]
     from conformance.backends.hf import HFBackend
     from conformance.engines import EngineConfig, SamplingSpec
     from conformance.engines.hf_generate import HFGenerateEngine
-    from conformance.metrics import mismatch_metrics, stack_ragged
     from conformance.models import inspect_model
     from conformance.suite_support import generated_rows
 
     infos = [inspect_model(model) for model in plan.models]
     found: dict[str, list[float]] = {m.name: [] for m in METRICS}
     batches = fitted_batches(plan, infos)
-    steps = len(infos) * len(plan.backend_dtypes) * len(batches) * len(plan.sampling_seeds)
+    steps = (
+        (1 + len(SYNC_SEEDS))
+        * len(infos)
+        * len(plan.backend_dtypes)
+        * len(batches)
+        * len(plan.sampling_seeds)
+    )
     done, started = 0, time.perf_counter()
-    for info in infos:
-        engine = HFGenerateEngine(EngineConfig(model=info.path, dtype=plan.engine_dtype))
-        special = set(info.special_token_ids)
-        ids = torch.tensor([i for i in range(FIRST_PROMPT_ID, info.vocab_size) if i not in special])
-        for backend_dtype in plan.backend_dtypes:
-            backend = HFBackend(BackendConfig(model=info.path, dtype=backend_dtype))
-            for prompts, length, new in batches:
-                for seed in plan.sampling_seeds:
-                    generator = torch.Generator().manual_seed(seed)
-                    drawn = torch.randint(0, len(ids), (prompts, length), generator=generator)
-                    completions = engine.generate(
-                        ids[drawn].tolist(), SamplingSpec(max_new_tokens=new, seed=seed)
-                    )
-                    recomputed = backend.recompute([c.sequence for c in completions]).logprobs
-                    lp_train, lp_infer, _ = generated_rows(completions, recomputed)
-                    train, mask = stack_ragged(lp_train)
-                    infer, _ = stack_ragged(lp_infer)
-                    for name, value in mismatch_metrics(train, infer, mask).items():
-                        found[name].append(value)
-                    done += 1
-                    progress(
-                        f"[{done}/{steps}] {plan.engine_dtype} engine vs {backend_dtype} backend, "
-                        f"{info.arch} {info.path.name}, {prompts} x ({length} + {new}) tokens, "
-                        f"seed {seed} ({time.perf_counter() - started:.0f} s)"
-                    )
-            del backend  # before the next one loads: a user's model may not fit twice
+    with tempfile.TemporaryDirectory(prefix="tim-calibrate-") as scratch:
+        for info in infos:
+            special = set(info.special_token_ids)
+            ids = torch.tensor(
+                [i for i in range(FIRST_PROMPT_ID, info.vocab_size) if i not in special]
+            )
+            for label, folder in _variants(info.path, Path(scratch)):
+                engine = HFGenerateEngine(EngineConfig(model=folder, dtype=plan.engine_dtype))
+                for backend_dtype in plan.backend_dtypes:
+                    backend = HFBackend(BackendConfig(model=folder, dtype=backend_dtype))
+                    for (prompts, length, new), seed in itertools.product(
+                        batches, plan.sampling_seeds
+                    ):
+                        generator = torch.Generator().manual_seed(seed)
+                        drawn = torch.randint(0, len(ids), (prompts, length), generator=generator)
+                        completions = engine.generate(
+                            ids[drawn].tolist(), SamplingSpec(max_new_tokens=new, seed=seed)
+                        )
+                        sequences = [c.sequence for c in completions]
+                        recomputed = backend.recompute(sequences).logprobs
+                        # the sampled tokens as decoded, and the whole sequences as scored in
+                        # one prefill (what the prefill and weight-sync suites compare)
+                        for train, infer in (
+                            generated_rows(completions, recomputed)[:2],
+                            (recomputed, engine.score(sequences)),
+                        ):
+                            for name, value in _metrics(train, infer).items():
+                                found[name].append(value)
+                        done += 1
+                        progress(
+                            f"[{done}/{steps}] {plan.engine_dtype} engine vs {backend_dtype} "
+                            f"backend, {info.arch} {label}, {prompts} x ({length} + {new}) "
+                            f"tokens, seed {seed} ({time.perf_counter() - started:.0f} s)"
+                        )
+                    del backend  # before the next one loads: a user's model may not fit twice
+                del engine
     return {name: Measured(values) for name, values in found.items() if values}, infos
+
+
+def _metrics(lp_train: Sequence[Any], lp_infer: Sequence[Any]) -> dict[str, float]:
+    from conformance.metrics import mismatch_metrics, stack_ragged
+
+    train, mask = stack_ragged(lp_train)
+    infer, _ = stack_ragged(lp_infer)
+    return mismatch_metrics(train, infer, mask)
+
+
+def _variants(model: Path, scratch: Path) -> list[tuple[str, Path]]:
+    """The model, and the model holding each of the weight-sync suite's kinds of new weights
+    (``perturbed`` with ``SYNC_SEEDS``): that suite scores models the calibration would
+    otherwise never see, whose bf16 drift is larger (measured on a qwen3 model: |Σ log ρ|/√T
+    0.95 after a sync, where the model itself stayed below 0.1)."""
+    weights = read_weights(model)
+    return [(model.name, model)] + [
+        (
+            f"{model.name} + weight-sync weights {seed}",
+            write_model(perturbed(weights, seed), model, scratch / f"{model.name}-synced-{seed}"),
+        )
+        for seed in SYNC_SEEDS
+    ]
 
 
 def threshold(fact: Metric, measured: Measured, plan: Plan) -> tuple[float, str]:
@@ -193,6 +235,7 @@ def provenance(plan: Plan, infos: Sequence[Any], command: str) -> dict[str, Any]
         "depth": plan.depth,
         "batches": [list(batch) for batch in fitted_batches(plan, infos)],
         "sampling_seeds": list(plan.sampling_seeds),
+        "weight_sync_seeds": list(SYNC_SEEDS),
         "factor": plan.factor,
         "device": device_info(),
         "versions": {k: v for k, v in package_versions().items() if v is not None},
