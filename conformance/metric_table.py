@@ -116,6 +116,15 @@ METRICS: tuple[Metric, ...] = (
     Metric("seq_log_ratio_per_sqrt_len_max", 0.0, "max", "example",
            "max over sequences of |Σ_t log ρ| / √T: one bound that holds at every length",
            "tim-explainer, scaled"),
+    # MoE stacks where both sides report routes (conformance.routing.routing_metrics)
+    Metric("route_agreement", 1.0, "min", "pooled",
+           "fraction of (token, MoE layer) whose top-k expert sets agree", "R3 §2.2"),
+    Metric("route_flip_tokens", 0.0, "max", "pooled",
+           "fraction of tokens routed differently in at least one MoE layer", "R3 §2.2"),
+    Metric("abs_diff_mean_route_kept", 0.0, "max", "pooled",
+           "mean |log ρ| over tokens routed alike in every layer", "R3, Miles #2722"),
+    Metric("abs_diff_mean_route_flipped", 0.0, "max", "pooled",
+           "mean |log ρ| over tokens with a routing flip", "R3, Miles #2722"),
 )  # fmt: skip
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}

@@ -148,7 +148,7 @@ class _Rank:
         """``(logprobs, entropy)`` float32 numpy arrays per sequence of this rank's share."""
 
         def run(chunk: list[list[int]]) -> list[tuple[Any, Any]]:
-            lp, ent = forward(self.model, chunk, feed.layout, feed.sampling, self.compute_dtype)
+            lp, ent, _ = forward(self.model, chunk, feed.layout, feed.sampling, self.compute_dtype)
             return [(a.numpy(), b.numpy()) for a, b in zip(lp, ent, strict=True)]
 
         return _every_step(feed, run)
@@ -178,14 +178,14 @@ class _Rank:
             if index < step.pieces:
                 piece = step.shard.shard(index, step.pieces)
                 chunk = [list(s) for s in piece.sequences]
-                lp, _ = forward(self.model, chunk, step.layout, raw, self.compute_dtype)
+                lp, _, _ = forward(self.model, chunk, step.layout, raw, self.compute_dtype)
                 logprobs = response_logprobs(lp, piece.prompt_lengths).float().cpu()
                 loss, counts = policy_loss(logprobs, piece)
                 figures["loss"] += float(loss.detach())
                 for key, value in counts.items():
                     figures[key] += value
             else:
-                lp, _ = forward(self.model, FILLER, step.layout, raw, self.compute_dtype)
+                lp, _, _ = forward(self.model, FILLER, step.layout, raw, self.compute_dtype)
                 loss = lp[0].sum() * 0.0
             # FSDP averages gradients over the ranks; the protocol's loss is the shards' sum
             (loss * self.world_size).backward()

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from conformance.errors import UsageError
 from conformance.hf_model import device, gather_logprobs, truncate
+from conformance.routing import Replay, Routes, RouteTap, tapped
 
 if TYPE_CHECKING:
     import torch
@@ -50,22 +51,50 @@ def forward(
     layout: str,
     sampling: Sampling,
     compute_dtype: torch.dtype,
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Log-probabilities and entropies of one micro-batch, per sequence (``len(seq) - 1`` each).
+    replay: Replay | None = None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[Routes] | None]:
+    """Log-probabilities and entropies of one micro-batch, per sequence (``len(seq) - 1`` each),
+    and on an MoE model the routes of its scored positions (None on a dense one).
 
     ``compute_dtype`` is the dtype attention runs in (the packed layout's mask bias must match
-    it); the log-probs keep their graph when grad is enabled, entropies never do.
+    it); the log-probs keep their graph when grad is enabled, entropies never do. ``replay``
+    routes the chunk's positions as the engine did (``conformance.routing``).
     """
-    if layout == "packed":
-        return _forward_packed(model, chunk, sampling, compute_dtype)
-    left = layout == "left-pad"
+    with tapped(model) as tap:
+        if layout == "packed":
+            lp, ent, rows = _forward_packed(model, chunk, sampling, compute_dtype, tap, replay)
+        else:
+            left = layout == "left-pad"
+            lp, ent, rows = _forward_padded(model, chunk, left, sampling, tap, replay)
+    return lp, ent, tap.sequence_routes(0, rows) if tap.active else None
+
+
+def _forward_padded(
+    model: torch.nn.Module,
+    chunk: list[list[int]],
+    left: bool,
+    sampling: Sampling,
+    tap: RouteTap,
+    replay: Replay | None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    width = max(map(len, chunk))
+    columns = _scored_columns(chunk, width, left)
+    rows = [_rows(row * width + c.start, c.stop - c.start) for row, c in enumerate(columns)]
+    if replay is not None and tap.active:
+        replay.arm(tap, rows, len(chunk) * width)
     logits, ids = _padded_logits(model, chunk, left)
     lp, ent = gather_logprobs(logits[:, :-1], ids[:, 1:].to(device()), *sampling)
     out_lp, out_ent = [], []
-    for row, cols in enumerate(_scored_columns(chunk, ids.shape[1], left)):
+    for row, cols in enumerate(columns):
         out_lp.append(lp[row, cols].cpu() if not lp.requires_grad else lp[row, cols])
         out_ent.append(ent[row, cols].detach().cpu())
-    return out_lp, out_ent
+    return out_lp, out_ent, rows
+
+
+def _rows(start: int, count: int) -> torch.Tensor:
+    import torch
+
+    return torch.arange(start, start + count)
 
 
 def next_token_logprobs(
@@ -118,12 +147,18 @@ def _forward_packed(
     chunk: list[list[int]],
     sampling: Sampling,
     dtype: torch.dtype,
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    tap: RouteTap,
+    replay: Replay | None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
     import torch
 
     ids = torch.tensor([t for seq in chunk for t in seq]).unsqueeze(0)
     positions = torch.cat([torch.arange(len(seq)) for seq in chunk]).unsqueeze(0)
     total = ids.shape[1]
+    starts = [sum(map(len, chunk[:i])) for i in range(len(chunk))]
+    rows = [_rows(start, len(seq) - 1) for start, seq in zip(starts, chunk, strict=True)]
+    if replay is not None and tap.active:
+        replay.arm(tap, rows, total)
     # Block-diagonal causal mask: a token sees only earlier tokens of its own sequence.
     segment = torch.cat([torch.full((len(s),), i) for i, s in enumerate(chunk)])
     allowed = (segment[:, None] == segment[None, :]) & torch.ones(total, total).tril().bool()
@@ -135,10 +170,8 @@ def _forward_packed(
     ).logits[0]
     lp, ent = gather_logprobs(logits[:-1], ids[0, 1:].to(device()), *sampling)
     out_lp, out_ent = [], []
-    start = 0
-    for seq in chunk:
+    for start, seq in zip(starts, chunk, strict=True):
         cols = slice(start, start + len(seq) - 1)
         out_lp.append(lp[cols].cpu() if not lp.requires_grad else lp[cols])
         out_ent.append(ent[cols].detach().cpu())
-        start += len(seq)
-    return out_lp, out_ent
+    return out_lp, out_ent, rows

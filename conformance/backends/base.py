@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from conformance.errors import UsageError
 from conformance.parallel import ParallelSetting
 from conformance.releases import ReleaseRange
+from conformance.routing import Routes
 
 if TYPE_CHECKING:
     import torch
@@ -52,6 +53,9 @@ class Recompute:
     logprobs: list[torch.Tensor]
     #: entropy of the full next-token distribution at each position
     entropy: list[torch.Tensor]
+    #: per sequence, where an MoE model routed each scored position (after any replay); None
+    #: for a dense model or a backend that cannot tell
+    routes: list[Routes] | None = None
 
 
 class Backend(ABC):
@@ -85,6 +89,7 @@ class Backend(ABC):
         top_k: int = 0,
         top_p: float = 1.0,
         grad: bool = False,
+        routes: Sequence[Routes | None] | None = None,
     ) -> Recompute:
         """Log-probabilities and entropies of the next-token distribution at every position.
 
@@ -95,6 +100,10 @@ class Backend(ABC):
         vLLM's and transformers' samplers). A token outside it gets ``-inf``.
 
         With ``grad=True`` the log-probabilities carry the autograd graph (for RL updates).
+
+        ``routes`` are the engine's routes per sequence (``Completion.routes``); a backend that
+        replays routes (``routing_replay``, ``conformance.routing.REPLAY_MODES``) routes each
+        scored position as given, others ignore them.
         """
 
     def next_token_logprobs(

@@ -7,7 +7,7 @@ same layouts.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from conformance.backends._layout import (
@@ -18,7 +18,9 @@ from conformance.backends._layout import (
     next_token_logprobs,
 )
 from conformance.backends.base import Backend, BackendConfig, Recompute
+from conformance.engines._options import parse_engine_options
 from conformance.hf_model import TRANSFORMERS_RELEASES, load_causal_lm
+from conformance.routing import REPLAY_MODES, Replay, Routes
 
 if TYPE_CHECKING:
     import torch
@@ -33,9 +35,13 @@ class HFBackend(Backend):
     def __init__(self, config: BackendConfig) -> None:
         super().__init__(config)
         check_feeding(config)
-        self.check_options(config.options)
+        self.routing_replay = routing_replay(self.name, config.options)
         self._model = load_causal_lm(config.model, config.dtype, config.attn_implementation)
         self._optimizer: torch.optim.Optimizer | None = None
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, str]) -> None:
+        routing_replay(cls.name, options)
 
     @property
     def module(self) -> torch.nn.Module:
@@ -72,21 +78,27 @@ class HFBackend(Backend):
         top_k: int = 0,
         top_p: float = 1.0,
         grad: bool = False,
+        routes: Sequence[Routes | None] | None = None,
     ) -> Recompute:
         import torch
 
-        chunks = micro_batches(check_sequences(sequences), self.config.micro_batch_size)
+        size = self.config.micro_batch_size
+        chunks = micro_batches(check_sequences(sequences), size)
+        replay = replay_of(self.routing_replay, routes)
         logprobs: list[torch.Tensor] = []
         entropy: list[torch.Tensor] = []
+        routed: list[Routes] = []
         sampling = (temperature, top_k, top_p)
         with torch.set_grad_enabled(grad):
-            for chunk in chunks:
-                lp, ent = forward(
-                    self._model, chunk, self.config.layout, sampling, self._model.dtype
+            for index, chunk in enumerate(chunks):
+                part = replay.part(index * size, (index + 1) * size) if replay else None
+                lp, ent, chunk_routes = forward(
+                    self._model, chunk, self.config.layout, sampling, self._model.dtype, part
                 )
                 logprobs.extend(lp)
                 entropy.extend(ent)
-        return Recompute(logprobs=logprobs, entropy=entropy)
+                routed.extend(chunk_routes or ())
+        return Recompute(logprobs=logprobs, entropy=entropy, routes=routed or None)
 
     def next_token_logprobs(
         self,
@@ -105,3 +117,24 @@ class HFBackend(Backend):
                 for chunk in chunks
                 for row in next_token_logprobs(self._model, chunk, (temperature, top_k, top_p))
             ]
+
+
+def routing_replay(backend: str, options: Mapping[str, str]) -> str:
+    """The ``routing_replay`` option (``conformance.routing.REPLAY_MODES``; default none), the
+    only option a transformers backend takes besides its parallel one."""
+    return parse_engine_options(
+        backend, options, {"routing_replay": _replay_mode}, {"routing_replay": "none"}
+    )["routing_replay"]
+
+
+def replay_of(mode: str, routes: Sequence[Routes | None] | None) -> Replay | None:
+    """What a backend in replay ``mode`` replays of the engine's ``routes`` (None: nothing)."""
+    if mode == "none" or routes is None:
+        return None
+    return Replay(routes, weights=mode == "engine")
+
+
+def _replay_mode(value: str) -> str:
+    if value not in REPLAY_MODES:
+        raise ValueError(f"expected one of {', '.join(REPLAY_MODES)}")
+    return value

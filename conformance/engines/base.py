@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from conformance.errors import Unsupported, UsageError
 from conformance.parallel import ParallelSetting
 from conformance.releases import ReleaseRange
+from conformance.routing import Routes
 
 #: token-id sequences: the prompts of a batch, or the sequences to score
 TokenBatch = Sequence[Sequence[int]]
@@ -110,6 +111,9 @@ class Completion:
     #: ``"stop"`` (a stop id or string ended it; its last token is the one that did) or
     #: ``"length"`` (it has ``max_new_tokens`` tokens)
     finish_reason: str = "length"
+    #: where an MoE model routed the sequence's tokens (``conformance.routing``: one entry per
+    #: scored position of ``sequence``), from engines that report it; None otherwise
+    routes: Routes | None = None
 
     @property
     def sequence(self) -> list[int]:
@@ -162,6 +166,9 @@ class Engine(ABC):
     #: option values under which the engine matches stop strings, for engines that do so only
     #: with an option on (a loaded tokenizer): the stop-string suite runs on a variant with these
     STOP_STRINGS: ClassVar[Mapping[str, str]] = {}
+    #: why the engine's completions carry no MoE routes (``Completion.routes``), or None where
+    #: they do on an MoE model: the routing suite skips with this reason
+    NO_ROUTES: ClassVar[str | None] = "the engine does not report the experts it routed to"
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config

@@ -19,11 +19,13 @@ from conformance.engines.base import (
 )
 from conformance.errors import UsageError
 from conformance.hf_model import TRANSFORMERS_RELEASES, device, gather_logprobs, load_causal_lm
+from conformance.routing import tapped
 
 
 class HFGenerateEngine(Engine):
     name = "hf-generate"
     RELEASES = TRANSFORMERS_RELEASES
+    NO_ROUTES = None
     #: option → default (strings, as ``--engine-option`` gives them); subclasses add theirs
     OPTIONS: ClassVar[Mapping[str, str]] = {"attn_implementation": "sdpa"}
 
@@ -84,7 +86,7 @@ class HFGenerateEngine(Engine):
             output_logits=True,
             output_scores=True,
         )
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
+        with torch.random.fork_rng(devices=[]), torch.no_grad(), tapped(self._model) as tap:
             torch.manual_seed(spec.seed)
             out = self._model.generate(
                 input_ids=ids.to(device()),
@@ -97,10 +99,21 @@ class HFGenerateEngine(Engine):
         stacked = torch.stack([s.float().cpu() for s in steps], dim=1)
         token_lp, _ = gather_logprobs(stacked, new_tokens)
         top = torch.log_softmax(stacked, -1).topk(top_logprobs, dim=-1) if top_logprobs else None
-        return [
+        completions = [
             self._completion(list(prompts[row]), new_tokens[row], token_lp[row], top, row, stops)
             for row in range(len(prompts))
         ]
+        if tap.active:
+            prompt_rows = [
+                torch.arange(row * width + width - len(p), (row + 1) * width)
+                for row, p in enumerate(prompts)
+            ]
+            lengths = [len(c.tokens) for c in completions]
+            for completion, routes in zip(
+                completions, tap.decoded_routes(prompt_rows, lengths), strict=True
+            ):
+                completion.routes = routes
+        return completions
 
     def _completion(
         self,
