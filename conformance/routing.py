@@ -174,6 +174,21 @@ class Replay:
         tap.replay_next(experts, weights)
 
 
+def replay_mode(value: str) -> str:
+    """A ``routing_replay`` option value, checked against :data:`REPLAY_MODES` (a parser for
+    ``conformance.engines._options.parse_engine_options``)."""
+    if value not in REPLAY_MODES:
+        raise ValueError(f"expected one of {', '.join(REPLAY_MODES)}")
+    return value
+
+
+def replay_of(mode: str, routes: Sequence[Routes | None] | None) -> Replay | None:
+    """What a backend in replay ``mode`` replays of the engine's ``routes`` (None: nothing)."""
+    if mode == "none" or routes is None:
+        return None
+    return Replay(routes, weights=mode == "engine")
+
+
 def _replayed(
     module: torch.nn.Module,
     logits: torch.Tensor,

@@ -13,6 +13,11 @@ reduce-scatters its gradients), so every rank runs the same number of them per r
 with fewer micro-batches than the others runs extra ones on a two-token filler sequence, drops
 their output, and back-propagates zero through them.
 
+A recompute may replay an engine's MoE routes (``conformance.routing``): the feed carries the
+share's routes per micro-batch, each forward replays its micro-batch's as the ``hf`` backend
+does, and every sequence's recorded routes go back with its log-probs (the filler's neither
+replay nor return any).
+
 Training (``update``) is gradient accumulation over the rank's micro-batches, as verl does it:
 per micro-batch, ``conformance.rl.objective.policy_loss`` on that piece of the batch (a shard of
 a shard, keeping the batch's normalisation, so the pieces add up to the whole batch's loss),
@@ -30,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from conformance.backends._layout import Sampling, forward, next_token_logprobs
+from conformance.routing import Replay, Routes
 
 if TYPE_CHECKING:
     import torch
@@ -54,6 +60,27 @@ class RankSetup:
     timeout_s: float
 
 
+#: a sequence's routes as they travel between the harness and the ranks: numpy ``(experts,
+#: weights or None)``, which pickle as bytes (tensors would travel as shared-memory handles)
+WireRoutes = tuple[Any, Any]
+
+
+def to_wire(routes: Routes | None) -> WireRoutes | None:
+    if routes is None:
+        return None
+    weights = None if routes.weights is None else routes.weights.detach().cpu().numpy()
+    return routes.experts.cpu().numpy(), weights
+
+
+def from_wire(wire: WireRoutes | None) -> Routes | None:
+    import torch
+
+    if wire is None:
+        return None
+    experts, weights = wire
+    return Routes(torch.from_numpy(experts), None if weights is None else torch.from_numpy(weights))
+
+
 @dataclass(frozen=True)
 class Feed:
     """One rank's share of a recompute: its micro-batches, laid out and scored alike."""
@@ -63,6 +90,11 @@ class Feed:
     steps: int
     layout: str
     sampling: Sampling
+    #: per micro-batch, per sequence, the routes to replay (``to_wire``; None where a sequence
+    #: routes itself); None: no replay
+    routes: list[list[WireRoutes | None]] | None = None
+    #: replay the routes' combine weights, not the model's own router weights at their experts
+    replay_weights: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,12 +176,21 @@ class _Rank:
         fully_shard(self.model, mesh=mesh, mp_policy=policy)
         self.optimizer: torch.optim.Optimizer | None = None
 
-    def recompute(self, feed: Feed) -> list[tuple[Any, Any]]:
-        """``(logprobs, entropy)`` float32 numpy arrays per sequence of this rank's share."""
+    def recompute(self, feed: Feed) -> list[tuple[Any, Any, WireRoutes | None]]:
+        """``(logprobs, entropy, routes)`` per sequence of this rank's share: float32 numpy
+        arrays, and on an MoE model the routes of its scored positions (``to_wire``; after the
+        feed's replay, if any), None on a dense one."""
 
-        def run(chunk: list[list[int]]) -> list[tuple[Any, Any]]:
-            lp, ent, _ = forward(self.model, chunk, feed.layout, feed.sampling, self.compute_dtype)
-            return [(a.numpy(), b.numpy()) for a, b in zip(lp, ent, strict=True)]
+        def run(chunk: list[list[int]], index: int | None) -> list[tuple[Any, Any, Any]]:
+            replay = None
+            if feed.routes is not None and index is not None:
+                given = [from_wire(w) for w in feed.routes[index]]
+                replay = Replay(given, weights=feed.replay_weights)
+            lp, ent, routes = forward(
+                self.model, chunk, feed.layout, feed.sampling, self.compute_dtype, replay
+            )
+            wired = [to_wire(r) for r in routes] if routes is not None else [None] * len(chunk)
+            return [(a.numpy(), b.numpy(), r) for a, b, r in zip(lp, ent, wired, strict=True)]
 
         return _every_step(feed, run)
 
@@ -157,7 +198,7 @@ class _Rank:
         """``[len(seq) − 1, V]`` float32 numpy arrays per sequence of this rank's share: the
         processed distribution at every position (``Backend.next_token_logprobs``)."""
 
-        def run(chunk: list[list[int]]) -> list[Any]:
+        def run(chunk: list[list[int]], _: int | None) -> list[Any]:
             return [r.numpy() for r in next_token_logprobs(self.model, chunk, feed.sampling)]
 
         return _every_step(feed, run)
@@ -209,17 +250,17 @@ class _Rank:
 
 
 def _every_step(feed: Feed, run: Any) -> list[Any]:
-    """``run`` on each of the rank's micro-batches, without grad, and on the filler for the
-    steps it has none (every forward is a collective); the real ones' results in order.
-    Results are numpy arrays: they pickle as bytes, where tensors would travel as
-    shared-memory handles."""
+    """``run(chunk, index)`` on each of the rank's micro-batches, without grad, and
+    ``run(FILLER, None)`` for the steps it has none (every forward is a collective); the real
+    ones' results in order. Results are numpy arrays: they pickle as bytes, where tensors would
+    travel as shared-memory handles."""
     import torch
 
     out: list[Any] = []
     with torch.no_grad():
         for step in range(feed.steps):
             real = step < len(feed.chunks)
-            rows = run(feed.chunks[step] if real else FILLER)
+            rows = run(feed.chunks[step], step) if real else run(FILLER, None)
             if real:
                 out.extend(rows)
     return out

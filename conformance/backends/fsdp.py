@@ -18,6 +18,11 @@ on the ranks: each takes its shard of the batch (``PolicyBatch.shard``), accumul
 over its micro-batches, and FSDP reduce-scatters them in float32 before the clip and the Adam
 step on the sharded master weights; ``state_dict`` gathers the full float32 weights.
 
+``--backend-option routing_replay=none|engine-ids|engine`` (default none) replays an MoE
+engine's routes in ``recompute(..., routes=...)`` as the ``hf`` backend does
+(``conformance.routing``): each rank gets its share's routes and replays them per micro-batch;
+the routes the ranks recorded come back in ``Recompute.routes``. Training does not replay.
+
 Rank processes are the expensive part, so backends that differ only in how batches are fed
 (micro-batch size, layout) share one group of ranks until one of them trains: its first
 ``update`` gives it ranks of its own, so no other backend sees trained weights. A group is
@@ -39,6 +44,7 @@ from conformance.engines._options import parse_engine_options, parse_positive_in
 from conformance.errors import UsageError
 from conformance.hf_model import TRANSFORMERS_RELEASES
 from conformance.parallel import ParallelSetting
+from conformance.routing import Replay, Routes, replay_mode, replay_of
 
 if TYPE_CHECKING:
     import torch
@@ -52,7 +58,7 @@ TIMEOUT_S = float(os.environ.get("TIM_FSDP_TIMEOUT", "600"))
 #: FSDP reduces gradients in float32 whatever the compute dtype (verl, torchtitan)
 REDUCE_DTYPE = "float32"
 
-_OPTIONS = {"world_size": parse_positive_int}
+_OPTIONS = {"world_size": parse_positive_int, "routing_replay": replay_mode}
 
 
 @dataclass
@@ -82,12 +88,14 @@ class FSDPBackend(Backend):
 
     @classmethod
     def check_options(cls, options: Mapping[str, str]) -> None:
-        _world_size(options)
+        _options(options)
 
     def __init__(self, config: BackendConfig) -> None:
         super().__init__(config)
         check_feeding(config)
-        self.world_size = _world_size(config.options)
+        options = _options(config.options)
+        self.world_size: int = options["world_size"]
+        self.routing_replay: str = options["routing_replay"]
         self._cuda = _cuda_devices()
         self._key = (str(config.model), config.dtype, config.attn_implementation, self.world_size)
         shared = _GROUPS.get(self._key)
@@ -120,6 +128,7 @@ class FSDPBackend(Backend):
         top_k: int = 0,
         top_p: float = 1.0,
         grad: bool = False,
+        routes: Sequence[Routes | None] | None = None,
     ) -> Recompute:
         import torch
 
@@ -127,10 +136,21 @@ class FSDPBackend(Backend):
             raise NotImplementedError(
                 "the fsdp backend's graph lives on its ranks; train it through update()"
             )
-        pairs = self._call_on_shares("recompute", sequences, (temperature, top_k, top_p))
+        replay = replay_of(self.routing_replay, routes)
+        if replay is not None and len(replay.routes) != len(sequences):
+            raise ValueError(
+                f"{len(replay.routes)} routes for {len(sequences)} sequences; pass one per "
+                "sequence (None where it routes itself)"
+            )
+        rows = self._call_on_shares(
+            "recompute", sequences, (temperature, top_k, top_p), replay=replay
+        )
+        routed = [_fsdp_rank.from_wire(r) for _, _, r in rows]
         return Recompute(
-            logprobs=[torch.from_numpy(lp) for lp, _ in pairs],
-            entropy=[torch.from_numpy(ent) for _, ent in pairs],
+            logprobs=[torch.from_numpy(lp) for lp, _, _ in rows],
+            entropy=[torch.from_numpy(ent) for _, ent, _ in rows],
+            # every sequence has routes on an MoE model, none on a dense one
+            routes=[r for r in routed if r is not None] or None,
         )
 
     def next_token_logprobs(
@@ -147,20 +167,32 @@ class FSDPBackend(Backend):
         return [torch.from_numpy(row) for row in rows]
 
     def _call_on_shares(
-        self, kind: str, sequences: Sequence[Sequence[int]], sampling: _fsdp_rank.Sampling
+        self,
+        kind: str,
+        sequences: Sequence[Sequence[int]],
+        sampling: _fsdp_rank.Sampling,
+        replay: Replay | None = None,
     ) -> list[Any]:
         """Each rank's share of ``sequences`` (``shares``), in micro-batches, through the
-        ranks' ``kind`` handler; the per-sequence results in the batch's order."""
+        ranks' ``kind`` handler, with its share of ``replay`` cut alike; the per-sequence
+        results in the batch's order."""
         checked = check_sequences(sequences)
-        per_rank = [
-            micro_batches([checked[i] for i in share], self.config.micro_batch_size)
-            for share in shares(len(checked), self.world_size)
+        size = self.config.micro_batch_size
+        feeds = []
+        for share in shares(len(checked), self.world_size):
+            chunks = micro_batches([checked[i] for i in share], size)
+            wired = None
+            if replay is not None:
+                own = [_fsdp_rank.to_wire(replay.routes[i]) for i in share]
+                wired = [own[start : start + size] for start in range(0, len(own), size)]
+            feeds.append((chunks, wired))
+        steps = max(len(chunks) for chunks, _ in feeds)
+        weights = replay is not None and replay.weights
+        payloads = [
+            _fsdp_rank.Feed(chunks, steps, self.config.layout, sampling, wired, weights)
+            for chunks, wired in feeds
         ]
-        steps = max(map(len, per_rank))
-        feeds = [
-            _fsdp_rank.Feed(chunks, steps, self.config.layout, sampling) for chunks in per_rank
-        ]
-        return [row for reply in self._ranks().call(kind, feeds) for row in reply]
+        return [row for reply in self._ranks().call(kind, payloads) for row in reply]
 
     def update(self, batch: PolicyBatch) -> dict[str, float]:
         from conformance.rl.objective import COUNTS
@@ -232,11 +264,11 @@ class FSDPBackend(Backend):
         group.close()
 
 
-def _world_size(options: Mapping[str, str]) -> int:
-    """The ``world_size`` option, checked: a positive integer, and no more than the GPUs."""
-    parsed = parse_engine_options(
-        "fsdp", options, _OPTIONS, {"world_size": FSDPBackend.parallel.default}
-    )
+def _options(options: Mapping[str, str]) -> dict[str, Any]:
+    """The options, checked: ``world_size`` a positive integer and no more than the GPUs,
+    ``routing_replay`` one of ``conformance.routing.REPLAY_MODES`` (default none)."""
+    defaults = {"world_size": FSDPBackend.parallel.default, "routing_replay": "none"}
+    parsed = parse_engine_options("fsdp", options, _OPTIONS, defaults)
     size: int = parsed["world_size"]
     gpus = _cuda_devices()
     if gpus and size > gpus:
@@ -244,7 +276,7 @@ def _world_size(options: Mapping[str, str]) -> int:
             f"world_size={size} needs {size} GPUs, {gpus} found",
             f"use --backend-option world_size={gpus} or fewer",
         )
-    return size
+    return parsed
 
 
 def _cuda_devices() -> int:

@@ -20,7 +20,7 @@ from conformance.backends._layout import (
 from conformance.backends.base import Backend, BackendConfig, Recompute
 from conformance.engines._options import parse_engine_options
 from conformance.hf_model import TRANSFORMERS_RELEASES, load_causal_lm
-from conformance.routing import REPLAY_MODES, Replay, Routes
+from conformance.routing import Routes, replay_mode, replay_of
 
 if TYPE_CHECKING:
     import torch
@@ -123,18 +123,5 @@ def routing_replay(backend: str, options: Mapping[str, str]) -> str:
     """The ``routing_replay`` option (``conformance.routing.REPLAY_MODES``; default none), the
     only option a transformers backend takes besides its parallel one."""
     return parse_engine_options(
-        backend, options, {"routing_replay": _replay_mode}, {"routing_replay": "none"}
+        backend, options, {"routing_replay": replay_mode}, {"routing_replay": "none"}
     )["routing_replay"]
-
-
-def replay_of(mode: str, routes: Sequence[Routes | None] | None) -> Replay | None:
-    """What a backend in replay ``mode`` replays of the engine's ``routes`` (None: nothing)."""
-    if mode == "none" or routes is None:
-        return None
-    return Replay(routes, weights=mode == "engine")
-
-
-def _replay_mode(value: str) -> str:
-    if value not in REPLAY_MODES:
-        raise ValueError(f"expected one of {', '.join(REPLAY_MODES)}")
-    return value
