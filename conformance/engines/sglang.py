@@ -22,6 +22,7 @@ class SGLangEngine(Engine):
     KNOBS = common.KNOBS
     PREFIX_CACHE = common.PREFIX_CACHE
     STOP_STRINGS = common.STOP_STRINGS
+    NO_ROUTES = common.NO_ROUTES
     parallel = common.PARALLEL
     RELEASES = common.RELEASES
 

@@ -29,6 +29,7 @@ class SGLangServerEngine(ServerEngine):
     KNOBS = common.KNOBS
     PREFIX_CACHE = common.PREFIX_CACHE
     STOP_STRINGS = common.STOP_STRINGS
+    NO_ROUTES = common.NO_ROUTES
     parallel = common.PARALLEL
     RELEASES = common.RELEASES
     label = "SGLang server"

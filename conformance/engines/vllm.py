@@ -27,6 +27,7 @@ class VLLMEngine(Engine):
     name = "vllm"
     KNOBS = common.KNOBS
     PREFIX_CACHE = common.PREFIX_CACHE
+    NO_ROUTES = common.NO_ROUTES
     parallel = common.PARALLEL
     RELEASES = common.RELEASES
 

@@ -36,6 +36,7 @@ SERVER_PREFILL_BUDGET = 4096
 class VLLMServerEngine(ServerEngine):
     name = "vllm-server"
     KNOBS = common.KNOBS
+    NO_ROUTES = common.NO_ROUTES
     parallel = common.PARALLEL
     RELEASES = common.RELEASES
     label = "vLLM server"
