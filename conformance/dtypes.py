@@ -38,8 +38,10 @@ def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, canonical_dtype(name))
 
 
-def implied_profile(engine_dtype: str, backend_dtype: str) -> str:
-    """The tolerance profile for a stack: that of its less precise side."""
+def implied_profile(engine_dtype: str, backend_dtype: str, *, moe: bool = False) -> str:
+    """The tolerance profile for a stack: that of its less precise side; for an MoE model the
+    MoE one (``moe-bf16``), measured on the embedded MoE model: flipped routes make its
+    mismatch a different population from a dense model's."""
     dtypes = {canonical_dtype(engine_dtype), canonical_dtype(backend_dtype)}
     coarsest = next(d for d in _COARSENESS if d in dtypes)
-    return _PROFILE_OF[coarsest]
+    return f"moe-{_PROFILE_OF[coarsest]}" if moe else _PROFILE_OF[coarsest]

@@ -34,7 +34,8 @@ _F64 = torch.float64
 def mismatch_metrics(
     lp_train: torch.Tensor, lp_infer: torch.Tensor, mask: torch.Tensor
 ) -> dict[str, float]:
-    r"""All mismatch metrics of one batch, keyed by ``conformance.metric_table.METRIC_NAMES``.
+    r"""All mismatch metrics of one batch, keyed by ``conformance.metric_table.METRIC_NAMES`` (all
+    but the routing ones, which ``conformance.routing.routing_metrics`` computes).
 
     Args:
         lp_train: ``[B, T]`` float, trainer log-probabilities of the sampled tokens.
@@ -104,7 +105,7 @@ def mismatch_metrics(
             ) from None
         metrics = _finite_metrics(lp_train, lp_infer, finite, n - nonfinite)
     return {name: float(nonfinite) if name == "nonfinite_tokens" else metrics[name]
-            for name in METRIC_NAMES}  # fmt: skip
+            for name in METRIC_NAMES if name in metrics or name == "nonfinite_tokens"}  # fmt: skip
 
 
 class _NonFinite(Exception):

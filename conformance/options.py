@@ -29,7 +29,9 @@ class Option:
 
 ENGINE = Option("engine", "inference engine under test (default: hf-generate)", "hf-generate", "E")
 BACKEND = Option("backend", "training backend that recomputes logprobs (default: hf)", "hf", "B")
-MODEL = Option("model", "model folder (default: the embedded tiny model)", None, "DIR")
+MODEL = Option(
+    "model", "model folder, or embedded:moe (default: the embedded tiny model)", None, "DIR"
+)
 ENGINE_DTYPE = Option("engine-dtype", "engine precision (default: float32)", "float32", "D")
 BACKEND_DTYPE = Option("backend-dtype", "backend precision (default: float32)", "float32", "D")
 PROFILE = Option(

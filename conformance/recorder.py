@@ -52,6 +52,9 @@ class CheckRecord:
     started: float = 0.0
     #: per measured sequence: (lp_train, lp_infer, positions) as 1-D tensors
     rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    #: per measured sequence of an MoE stack: the engine's and the backend's experts ``[tokens,
+    #: layers, k]`` and |log ρ| at those tokens; empty where routes were not measured
+    routes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     extra: dict[str, float] = field(default_factory=dict)
     #: what sets the check apart from the stack's own run (e.g. a variant engine's options)
     context: dict[str, Any] = field(default_factory=dict)
@@ -78,12 +81,15 @@ class CheckRecord:
     def pooled(self) -> dict[str, float]:
         """Mismatch metrics over every token measured so far, plus notes."""
         from conformance.metrics import mismatch_metrics, stack_ragged
+        from conformance.routing import routing_metrics
 
         metrics: dict[str, float] = {}
         if self.rows:
             train, mask = stack_ragged([r[0] for r in self.rows])
             infer, _ = stack_ragged([r[1] for r in self.rows])
             metrics = _safe_metrics(mismatch_metrics, train, infer, mask)
+        if self.routes:
+            metrics |= routing_metrics(*zip(*self.routes, strict=True))
         return {**metrics, **self.extra}
 
     def samples(self) -> dict[str, list[float]] | None:
@@ -169,8 +175,12 @@ class Recorder:
         *,
         positions: Sequence[Sequence[int]] | None = None,
         sides: tuple[str, str] = SIDES,
+        routes: tuple[Sequence[Any], Sequence[Any]] | None = None,
     ) -> dict[str, float]:
         """Record token-aligned log-prob rows of the running example; return its metrics.
+
+        ``routes`` holds, for an MoE stack, the engine's and the backend's experts per row at
+        the same tokens (``[tokens, layers, k]`` each): the routing metrics join the others.
 
         Rows may be lists or 1-D tensors. NaN/inf values are measured, not raised: they count
         as ``nonfinite_tokens``, which every profile bounds at 0, and the failure says on which
@@ -180,6 +190,7 @@ class Recorder:
         import torch
 
         from conformance.metrics import mismatch_metrics, stack_ragged
+        from conformance.routing import routing_metrics
 
         record = self._require_check()
         train_rows = [torch.as_tensor(r, dtype=torch.float64).reshape(-1) for r in lp_train]
@@ -191,6 +202,11 @@ class Recorder:
         for i, (t, n) in enumerate(zip(train_rows, infer_rows, strict=True)):
             where = torch.as_tensor(positions[i]) if positions else torch.arange(t.numel())
             record.rows.append((t, n, where))
+        if routes is not None:
+            diffs = [(t - n).abs() for t, n in zip(train_rows, infer_rows, strict=True)]
+            measured = list(zip(*routes, diffs, strict=True))
+            metrics |= routing_metrics(*zip(*measured, strict=True))
+            record.routes.extend(measured)
         record.metrics = metrics
         severity = metrics.get("abs_diff_max", 0.0) + metrics["nonfinite_tokens"]
         if record.worst is None or severity > record.worst[0]:

@@ -81,13 +81,17 @@ class StackSpec:
             raise UsageError(
                 f"unknown logprobs kind {values['logprobs']!r}", "use raw or processed"
             ) from None
+        from conformance.models import declared_experts, model_folder
+
+        model = model_folder(values["model"]) if values["model"] else None
+        moe = model is not None and declared_experts(model) > 0
         return cls(
             engine=values["engine"],
             backend=values["backend"],
-            model=Path(values["model"]).expanduser() if values["model"] else None,
+            model=model,
             engine_dtype=engine_dtype,
             backend_dtype=backend_dtype,
-            profile=values["profile"] or implied_profile(engine_dtype, backend_dtype),
+            profile=values["profile"] or implied_profile(engine_dtype, backend_dtype, moe=moe),
             examples=_positive_int("examples", values["examples"]),
             depth=depth(values["depth"]),
             shrink_seconds=_positive_number("shrink-seconds", values["shrink-seconds"]),

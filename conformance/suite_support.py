@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from conformance.depth import Depth
 from conformance.engines.base import Completion, SamplingSpec
+from conformance.routing import Routes
 from conformance.strategies import (
     BATCH_KINDS,
     IGNORE_EOS,
@@ -122,6 +123,21 @@ def generated_rows(
         lp_infer.append(list(completion.logprobs))
         positions.append(list(range(len(completion.tokens))))
     return lp_train, lp_infer, positions
+
+
+def generated_routes(
+    completions: Sequence[Completion], recomputed: Sequence[Routes]
+) -> tuple[list[Any], list[Any]]:
+    """The engine's and the backend's experts at the generated tokens (the positions
+    :func:`generated_rows` aligns), per completion."""
+    engine, backend = [], []
+    for completion, routes in zip(completions, recomputed, strict=True):
+        if completion.routes is None:
+            raise ValueError("a completion without routes: the engine reports none")
+        start = len(completion.prompt) - 1
+        engine.append(completion.routes.tail(start).experts)
+        backend.append(routes.tail(start).experts[: len(completion.tokens)])
+    return engine, backend
 
 
 def model_tokenizer(model: Any) -> Any:

@@ -35,11 +35,11 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--model",
-        type=Path,
         action="append",
         default=[],
         metavar="DIR",
-        help="model folder (repeatable: one profile over several models; default: embedded)",
+        help="model folder or embedded:NAME (repeatable: one profile over several models; "
+        "default: the embedded default model)",
     )
     parser.add_argument(
         "--engine-dtype",
@@ -70,7 +70,7 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from conformance.dtypes import canonical_dtype
-    from conformance.models import default_model
+    from conformance.models import default_model, model_folder
     from conformance.profiles import load_profile
     from conformance.profiles.calibrate import (
         Plan,
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     engine_dtype = canonical_dtype(args.engine_dtype)
     backend_dtypes = tuple(dict.fromkeys(canonical_dtype(d) for d in args.backend_dtype))
     plan = Plan(
-        models=tuple(m.expanduser() for m in args.model) or (default_model(),),
+        models=tuple(model_folder(m) for m in args.model) or (default_model(),),
         engine_dtype=engine_dtype,
         backend_dtypes=backend_dtypes or default_backend_dtypes(engine_dtype),
         depth=args.depth,
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     command = shlex.join(
         [
             "tim-conformance", "calibrate",
-            *(a for model in plan.models for a in ("--model", str(model))),
+            *(a for model in args.model or plan.models for a in ("--model", str(model))),
             "--engine-dtype", engine_dtype,
             *(a for dtype in plan.backend_dtypes for a in ("--backend-dtype", dtype)),
             "--depth", plan.depth, "--out", str(args.out),

@@ -14,6 +14,13 @@ from conformance.models.build import make_model
 FORMAT_VERSION = 2
 #: the model every run uses when no --model is given
 DEFAULT_MODEL = {"arch": "qwen2", "seed": 0, "vocab": 384, "layers": 2, "hidden": 64}
+#: the models the harness ships, built on first use: ``--model embedded:NAME`` names one
+EMBEDDED_MODELS = {
+    "default": DEFAULT_MODEL,
+    # 4 experts, top 2 (make-model's qwen3-moe recipe): routes flip between bf16 and fp32
+    "moe": {"arch": "qwen3-moe", "seed": 0, "vocab": 384, "layers": 2, "hidden": 64},
+}
+EMBEDDED_PREFIX = "embedded:"
 
 
 def cache_root() -> Path:
@@ -25,6 +32,20 @@ def cache_root() -> Path:
 def default_model() -> Path:
     """Folder of the default model (``DEFAULT_MODEL``), built on first use."""
     return cached_model(**DEFAULT_MODEL)
+
+
+def model_folder(text: str) -> Path:
+    """The folder a ``--model`` value names: ``embedded:NAME`` for a shipped model (built on
+    first use), else a path."""
+    if not text.startswith(EMBEDDED_PREFIX):
+        return Path(text).expanduser()
+    name = text.removeprefix(EMBEDDED_PREFIX)
+    if name not in EMBEDDED_MODELS:
+        raise ModelError(
+            f"unknown embedded model {name!r}",
+            f"use one of: {', '.join(EMBEDDED_PREFIX + n for n in EMBEDDED_MODELS)}, or a folder",
+        )
+    return cached_model(**EMBEDDED_MODELS[name])
 
 
 def cached_model(*, arch: str, seed: int, vocab: int, layers: int, hidden: int) -> Path:

@@ -31,6 +31,9 @@ class ModelInfo:
     hidden_size: int
     num_layers: int
     sha256: str
+    #: experts per MoE layer (0: a dense model), from ``num_experts`` (Qwen-MoE) or
+    #: ``num_local_experts`` (Mixtral)
+    num_experts: int = 0
 
 
 def inspect_model(path: Path) -> ModelInfo:
@@ -71,7 +74,21 @@ def inspect_model(path: Path) -> ModelInfo:
         hidden_size=config["hidden_size"],
         num_layers=config["num_hidden_layers"],
         sha256=folder_digest(path),
+        num_experts=_experts(config),
     )
+
+
+def declared_experts(path: Path) -> int:
+    """Experts per MoE layer that ``path``'s config.json declares; 0 for a dense model, and for
+    a folder without a readable config (``inspect_model`` says what is wrong with it)."""
+    try:
+        return _experts(_read_json(Path(path) / "config.json", "a model folder"))
+    except ModelError:
+        return 0
+
+
+def _experts(config: dict[str, Any]) -> int:
+    return int(config.get("num_experts") or config.get("num_local_experts") or 0)
 
 
 def folder_digest(path: Path) -> str:

@@ -125,7 +125,6 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measured]
     from conformance.engines import EngineConfig, SamplingSpec
     from conformance.engines.hf_generate import HFGenerateEngine
     from conformance.models import inspect_model
-    from conformance.suite_support import generated_rows
 
     infos = [inspect_model(model) for model in plan.models]
     found: dict[str, list[float]] = {m.name: [] for m in METRICS}
@@ -157,14 +156,9 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measured]
                             ids[drawn].tolist(), SamplingSpec(max_new_tokens=new, seed=seed)
                         )
                         sequences = [c.sequence for c in completions]
-                        recomputed = backend.recompute(sequences).logprobs
-                        # the sampled tokens as decoded, and the whole sequences as scored in
-                        # one prefill (what the prefill and weight-sync suites compare)
-                        for train, infer in (
-                            generated_rows(completions, recomputed)[:2],
-                            (recomputed, engine.score(sequences)),
-                        ):
-                            for name, value in _metrics(train, infer).items():
+                        out = backend.recompute(sequences)
+                        for metrics in _measured(completions, out, engine):
+                            for name, value in metrics.items():
                                 found[name].append(value)
                         done += 1
                         progress(
@@ -175,6 +169,27 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measured]
                     del backend  # before the next one loads: a user's model may not fit twice
                 del engine
     return {name: Measured(values) for name, values in found.items() if values}, infos
+
+
+def _measured(completions: Sequence[Any], out: Any, engine: Any) -> list[dict[str, float]]:
+    """Metrics of one batch: of the sampled tokens as decoded, and of the whole sequences as
+    scored in one prefill (what the prefill and weight-sync suites compare); on an MoE model
+    also the routing metrics of the decoded tokens."""
+    import torch
+
+    from conformance.routing import routing_metrics
+    from conformance.suite_support import generated_routes, generated_rows
+
+    lp_train, lp_infer, _ = generated_rows(completions, out.logprobs)
+    scores = engine.score([c.sequence for c in completions])
+    measured = [_metrics(lp_train, lp_infer), _metrics(out.logprobs, scores)]
+    if out.routes is not None:
+        diffs = [
+            (torch.tensor(t, dtype=torch.float64) - torch.tensor(i, dtype=torch.float64)).abs()
+            for t, i in zip(lp_train, lp_infer, strict=True)
+        ]
+        measured.append(routing_metrics(*generated_routes(completions, out.routes), diffs))
+    return measured
 
 
 def _metrics(lp_train: Sequence[Any], lp_infer: Sequence[Any]) -> dict[str, float]:

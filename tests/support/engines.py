@@ -400,3 +400,62 @@ class MiddleBatchNumerics(LargeBatchNumerics):
         if len(sequences) > self.CEILING:
             return HFGenerateEngine.score(self, sequences)
         return super().score(sequences)
+
+
+# -- MoE routing defects (run on an MoE model, e.g. --model embedded:moe) ----------------------
+class _RerouteEngine(HFGenerateEngine):
+    """hf-generate whose MoE routers choose their top-k experts by ``choose(module, hidden)``
+    instead of the model's own rule; the combine weights follow the model's rule at the chosen
+    experts (so only the choice is defective)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        from conformance.routing import routers
+
+        for router in routers(self._model):
+            router.register_forward_hook(self._rerouted)
+
+    def choose(self, router: Any, hidden: Any, probs: Any) -> Any:
+        raise NotImplementedError
+
+    def _rerouted(self, router: Any, args: Any, output: Any) -> Any:
+        import torch
+
+        logits, _, _ = output
+        hidden = args[0].reshape(-1, router.hidden_dim)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+        experts = self.choose(router, hidden, probs)
+        weights = probs.gather(-1, experts)
+        if router.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return logits, weights.to(logits.dtype), experts
+
+
+class LowPrecisionRouter(_RerouteEngine):
+    """Computes the router's logits in bfloat16 whatever the model's precision (a fused MoE
+    kernel that runs the gate GEMM in the activation dtype where the trainer keeps the router in
+    fp32, Megatron's ``moe_router_dtype``): near-tied experts swap."""
+
+    name = "low-precision-router"
+
+    def choose(self, router: Any, hidden: Any, probs: Any) -> Any:
+        import torch
+
+        logits = torch.nn.functional.linear(hidden.bfloat16(), router.weight.bfloat16())
+        return torch.softmax(logits.float(), dim=-1).topk(router.top_k, dim=-1).indices
+
+
+class TieBreakRouter(_RerouteEngine):
+    """Ranks experts on router probabilities rounded to two decimals and breaks the resulting
+    ties toward the higher expert id (a top-k kernel comparing quantised scores with an unstable
+    order), where the model keeps the exact order."""
+
+    name = "tie-break-router"
+
+    def choose(self, router: Any, hidden: Any, probs: Any) -> Any:
+        import torch
+
+        ids = torch.arange(probs.shape[-1], dtype=torch.float)
+        # rounded probability first, expert id second: equal roundings go to the higher id
+        key = torch.round(probs * 100) * probs.shape[-1] + ids
+        return key.topk(router.top_k, dim=-1).indices
