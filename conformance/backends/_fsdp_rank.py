@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from conformance.backends._layout import Sampling, forward, next_token_logprobs
-from conformance.routing import Replay, Routes
+from conformance.routing import Replay, Routes, replay_of
 
 if TYPE_CHECKING:
     import torch
@@ -110,6 +110,9 @@ class Step:
     layout: str
     lr: float
     max_grad_norm: float | None
+    #: the backend's ``routing_replay``: the shard's routes (``PolicyBatch.routes``) are
+    #: replayed in training as in recompute
+    routing_replay: str = "none"
 
 
 def serve(setup: RankSetup, requests: Any, replies: Any) -> None:
@@ -219,7 +222,8 @@ class _Rank:
             if index < step.pieces:
                 piece = step.shard.shard(index, step.pieces)
                 chunk = [list(s) for s in piece.sequences]
-                lp, _, _ = forward(self.model, chunk, step.layout, raw, self.compute_dtype)
+                replay = replay_of(step.routing_replay, piece.routes)
+                lp, _, _ = forward(self.model, chunk, step.layout, raw, self.compute_dtype, replay)
                 logprobs = response_logprobs(lp, piece.prompt_lengths).float().cpu()
                 loss, counts = policy_loss(logprobs, piece)
                 figures["loss"] += float(loss.detach())

@@ -21,7 +21,8 @@ step on the sharded master weights; ``state_dict`` gathers the full float32 weig
 ``--backend-option routing_replay=none|engine-ids|engine`` (default none) replays an MoE
 engine's routes in ``recompute(..., routes=...)`` as the ``hf`` backend does
 (``conformance.routing``): each rank gets its share's routes and replays them per micro-batch;
-the routes the ranks recorded come back in ``Recompute.routes``. Training does not replay.
+the routes the ranks recorded come back in ``Recompute.routes``. Training replays a batch's
+``PolicyBatch.routes`` the same way.
 
 Rank processes are the expensive part, so backends that differ only in how batches are fed
 (micro-batch size, layout) share one group of ranks until one of them trains: its first
@@ -203,7 +204,13 @@ class FSDPBackend(Backend):
         pieces = [0 if s is None else -(-len(s.sequences) // micro) for s in shards]
         steps = [
             _fsdp_rank.Step(
-                shard, n, max(pieces), self.config.layout, batch.lr, batch.max_grad_norm
+                shard,
+                n,
+                max(pieces),
+                self.config.layout,
+                batch.lr,
+                batch.max_grad_norm,
+                self.routing_replay,
             )
             for shard, n in zip(shards, pieces, strict=True)
         ]

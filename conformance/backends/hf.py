@@ -54,7 +54,7 @@ class HFBackend(Backend):
 
         params = list(self._model.parameters())
         self._optimizer = adam_at(self._optimizer, params, batch.lr)
-        out = self.recompute(batch.sequences, grad=True)
+        out = self.recompute(batch.sequences, grad=True, routes=batch.routes)
         logprobs = response_logprobs(out.logprobs, batch.prompt_lengths).float().cpu()
         loss, counts = policy_loss(logprobs, batch)
         self._optimizer.zero_grad()

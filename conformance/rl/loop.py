@@ -255,7 +255,9 @@ def rl_step(
 
     sequences = tuple(tuple(c.sequence) for c in completions)
     prompt_lengths = tuple(len(p.prompt) for p in problems)
-    out = backend.recompute(sequences)
+    # a backend with routing replay recomputes, and trains, with the experts the engine chose
+    routes = tuple(c.routes for c in completions)
+    out = backend.recompute(sequences, routes=routes)
     lp_old = response_logprobs(out.logprobs, prompt_lengths).float()
     entropy = response_logprobs(out.entropy, prompt_lengths)
     lengths = torch.tensor([len(c.tokens) for c in completions])
@@ -275,6 +277,7 @@ def rl_step(
         old_logprobs=lp_infer if config.old_logprobs == "engine" else lp_old,
         advantages=advantages.float(),
         weights=weights,
+        routes=routes if any(r is not None for r in routes) else None,
     )
     updates = [trained(backend.update, mb) for mb in batch.minibatches(config.updates_per_step)]
     sync(engine, config.scenario.engine_weights(step, trained(backend.state_dict), generator))

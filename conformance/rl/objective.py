@@ -31,6 +31,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from conformance.errors import UsageError
 from conformance.rl import grpo
+from conformance.routing import Routes
 
 #: gradient-norm clip (verl's default ``grad_clip``); the reported norm is the one before it
 MAX_GRAD_NORM = 1.0
@@ -119,6 +120,9 @@ class PolicyBatch:
     max_grad_norm: float | None = MAX_GRAD_NORM
     #: the loss's denominator (see the module docstring); None: this batch's own
     loss_norm: float | None = field(default=None)
+    #: the engine's MoE routes per sequence (``Completion.routes``), for a backend that trains
+    #: with routing replay (R3); None for a dense model or an engine that reports none
+    routes: tuple[Routes | None, ...] | None = None
 
     def __post_init__(self) -> None:
         b = len(self.sequences)
@@ -189,6 +193,7 @@ class PolicyBatch:
             advantages=cut(self.advantages, False),
             weights=cut(self.weights, True),
             loss_norm=self.loss_norm,
+            routes=None if self.routes is None else self.routes[start:stop],
         )
 
     def minibatches(self, count: int) -> list[PolicyBatch]:

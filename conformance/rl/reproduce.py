@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from conformance.models import model_folder
 from conformance.rl.detectors import collapse, mismatch_alarm
 from conformance.rl.loop import RunConfig, build_stack, run_smoke
 from conformance.rl.scenarios import Scenario
@@ -57,6 +58,10 @@ class Experiment:
     settings: tuple[tuple[str, Any], ...] = ()
     #: the seeds it runs with (None: the command's ``--seeds``)
     seeds: tuple[int, ...] | None = None
+    #: the policy (a ``--model`` value; None: the embedded default model)
+    model: str | None = None
+    #: the trainer's ``--backend-option`` settings (e.g. routing replay)
+    backend_options: tuple[tuple[str, str], ...] = ()
 
     def config(self, seed: int) -> RunConfig:
         """The run's configuration (validated before anything runs: see ``main``)."""
@@ -80,12 +85,14 @@ def exp(
     remedy: str = "none",
     steps: int = STEPS,
     seeds: tuple[int, ...] | None = None,
+    model: str | None = None,
+    backend_options: tuple[tuple[str, str], ...] = (),
     **settings: Any,
 ) -> Experiment:
     """An experiment; ``settings`` are ``RunConfig`` fields beyond the regime's."""
     scenario = scenario or Scenario("natural")
     items = tuple(sorted(settings.items()))
-    return Experiment(name, dtype, scenario, remedy, steps, items, seeds)
+    return Experiment(name, dtype, scenario, remedy, steps, items, seeds, model, backend_options)
 
 
 def pair(name: str, *, seeds: tuple[int, ...] | None = (0,), **kwargs: Any) -> list[Experiment]:
@@ -126,6 +133,8 @@ LONG_EXACT = exp("K=4, engine, long, exact", dtype="float32", scenario=EXACT, st
                  **ENGINE, **LONG)  # fmt: skip
 LONG_BF16 = exp("K=4, engine, long, bf16", steps=LONG_STEPS, **ENGINE, **LONG)
 EDGE_LR = 1e-3
+#: the MoE arm: the embedded MoE policy, shorter runs (its steps cost ~5× the dense model's)
+MOE: dict[str, Any] = {"model": "embedded:moe", "steps": 100}
 
 STUDIES = (
     Study(
@@ -180,6 +189,23 @@ STUDIES = (
             LONG_EXACT,
             LONG_BF16,
             exp("K=4, recompute, long, bf16", steps=LONG_STEPS, **LONG),
+        ),
+    ),
+    Study(
+        "moe",
+        "On an MoE policy, routing replay (R3: the trainer recomputes and trains with the experts "
+        "the engine chose) removes the part of a natural bf16 mismatch that routing flips cause "
+        "(R3 arXiv 2510.11370; Miles #2722: log-prob error 0.369 → 0.139 with id-only replay)",
+        (
+            exp("moe, bf16", **MOE),
+            exp(
+                "moe, bf16, replay ids", backend_options=(("routing_replay", "engine-ids"),), **MOE
+            ),
+            exp(
+                "moe, bf16, replay ids+weights",
+                backend_options=(("routing_replay", "engine"),),
+                **MOE,
+            ),
         ),
     ),
     Study(
@@ -258,7 +284,14 @@ def run(experiment: Experiment, seed: int, runs_dir: Path, *, start: bool = True
     if not (path.is_file() and len(path.read_text().splitlines()) == experiment.steps):
         if not start:
             return []
-        engine, backend = build_stack(replace(StackSpec(), engine_dtype=experiment.engine_dtype))
+        engine, backend = build_stack(
+            replace(
+                StackSpec(),
+                engine_dtype=experiment.engine_dtype,
+                model=model_folder(experiment.model) if experiment.model else None,
+                backend_options=dict(experiment.backend_options),
+            )
+        )
         try:
             run_smoke(engine, backend, experiment.config(seed), out)
         finally:
