@@ -207,6 +207,17 @@ STUDIES = (
                 **MOE,
             ),
         ),
+        columns=(
+            "reward early",
+            "reward late",
+            "accuracy late",
+            "std ρ early",
+            "std ρ late",
+            "mean |Δlp|",
+            "max |Δlp|",
+            "grad norm late",
+            "clip seq",
+        ),
     ),
     Study(
         "search",
@@ -337,6 +348,10 @@ FIGURES: dict[str, Callable[[Rows], float]] = {
     "clip low": lambda r: statistics.mean(value(x, "clip_low") for x in r),
     "clip high": lambda r: statistics.mean(value(x, "clip_high") for x in r),
     "clip seq": lambda r: statistics.mean(value(x, "clip_seq") for x in r),
+    # a routing flip shows in the largest per-token error (off by nats, not by rounding);
+    # means over every step, as the clip fractions
+    "mean |Δlp|": lambda r: statistics.mean(value(x, "abs_diff_mean") for x in r),
+    "max |Δlp|": lambda r: statistics.mean(value(x, "abs_diff_max") for x in r),
 }
 
 
