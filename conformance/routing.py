@@ -182,10 +182,26 @@ def replay_mode(value: str) -> str:
     return value
 
 
-def replay_of(mode: str, routes: Sequence[Routes | None] | None) -> Replay | None:
-    """What a backend in replay ``mode`` replays of the engine's ``routes`` (None: nothing)."""
+def replay_of(
+    mode: str, routes: Sequence[Routes | None] | None, sequences: Sequence[Sequence[int]]
+) -> Replay | None:
+    """What a backend in replay ``mode`` replays of the engine's ``routes`` for ``sequences``
+    (None: nothing). Routes must line up with the sequences, one per sequence (None where it
+    routes itself) with one entry per scored position: replaying another sequence's routes
+    would silently route it wrong."""
     if mode == "none" or routes is None:
         return None
+    if len(routes) != len(sequences):
+        raise ValueError(
+            f"{len(routes)} routes for {len(sequences)} sequences; pass one per sequence "
+            "(None where it routes itself)"
+        )
+    for index, (r, sequence) in enumerate(zip(routes, sequences, strict=True)):
+        if r is not None and r.positions != len(sequence) - 1:
+            raise ValueError(
+                f"the routes of sequence {index} have {r.positions} positions for its "
+                f"{len(sequence)} tokens; pass the routes of this sequence (n − 1 positions)"
+            )
     return Replay(routes, weights=mode == "engine")
 
 

@@ -222,7 +222,7 @@ class _Rank:
             if index < step.pieces:
                 piece = step.shard.shard(index, step.pieces)
                 chunk = [list(s) for s in piece.sequences]
-                replay = replay_of(step.routing_replay, piece.routes)
+                replay = replay_of(step.routing_replay, piece.routes, chunk)
                 lp, _, _ = forward(self.model, chunk, step.layout, raw, self.compute_dtype, replay)
                 logprobs = response_logprobs(lp, piece.prompt_lengths).float().cpu()
                 loss, counts = policy_loss(logprobs, piece)

@@ -137,12 +137,7 @@ class FSDPBackend(Backend):
             raise NotImplementedError(
                 "the fsdp backend's graph lives on its ranks; train it through update()"
             )
-        replay = replay_of(self.routing_replay, routes)
-        if replay is not None and len(replay.routes) != len(sequences):
-            raise ValueError(
-                f"{len(replay.routes)} routes for {len(sequences)} sequences; pass one per "
-                "sequence (None where it routes itself)"
-            )
+        replay = replay_of(self.routing_replay, routes, sequences)
         rows = self._call_on_shares(
             "recompute", sequences, (temperature, top_k, top_p), replay=replay
         )

@@ -84,7 +84,7 @@ class HFBackend(Backend):
 
         size = self.config.micro_batch_size
         chunks = micro_batches(check_sequences(sequences), size)
-        replay = replay_of(self.routing_replay, routes)
+        replay = replay_of(self.routing_replay, routes, sequences)
         logprobs: list[torch.Tensor] = []
         entropy: list[torch.Tensor] = []
         routed: list[Routes] = []

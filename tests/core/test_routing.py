@@ -213,6 +213,18 @@ def test_replay_modes_are_checked(moe):
         BACKENDS.get("hf").check_options({"routing_replay": "ids"})
 
 
+def test_routes_that_do_not_line_up_with_the_sequences_are_refused(moe, bf16_rollouts):
+    backend = _backend(moe, options={"routing_replay": "engine-ids"})
+    sequences = [c.sequence for c in bf16_rollouts]
+    routes = [c.routes for c in bf16_rollouts]
+    with pytest.raises(ValueError, match="routes for"):
+        backend.recompute(sequences, routes=routes[:-1])
+    # another sequence's routes: the lengths differ, so the replay cannot be this sequence's
+    shifted = routes[1:] + routes[:1]
+    with pytest.raises(ValueError, match="positions for its"):
+        backend.recompute(sequences, routes=shifted)
+
+
 def test_a_dense_model_has_no_routes(default_model):
     engine = ENGINES.get("hf-generate")(EngineConfig(model=default_model))
     try:
