@@ -58,17 +58,21 @@ def test_a_replay_that_ignores_the_routes_is_not_certified(tmp_path, cli_env):
     assert "did not route as the engine did" in messages.get("test_routing_replay", ""), messages
 
 
+#: fp32 and bf16 certify the whole stack (every suite); fp16 runs the routing and rollout suites
+PARTIAL = ("--suite", "routing", "--suite", "rollout_parity")
+
+
 @pytest.mark.parametrize(
-    ("dtype", "profile"),
-    [("float32", "moe-fp32"), ("bfloat16", "moe-bf16"), ("float16", "moe-fp16")],
+    ("dtype", "profile", "suites"),
+    [("float32", "moe-fp32", ()), ("bfloat16", "moe-bf16", ()), ("float16", "moe-fp16", PARTIAL)],
 )
-def test_the_sound_moe_stack_is_certified(tmp_path, cli_env, dtype, profile):
+def test_the_sound_moe_stack_is_certified(tmp_path, cli_env, dtype, profile, suites):
     code, report, output = certify(
-        *MOE, "--engine-dtype", dtype, "--suite", "routing", "--suite", "rollout_parity",
-        env=cli_env, out=tmp_path / "run",
-    )  # fmt: skip
+        *MOE, "--engine-dtype", dtype, *suites, env=cli_env, out=tmp_path / "run"
+    )
     assert code == 0, output[-3000:]
     assert report["verdict"] == "pass"
+    assert report["scope"] == ("suites" if suites else "stack")
     assert report["profile"]["name"] == profile
     routing = _routing_checks(report)
     assert set(routing) == ROUTING_CHECKS
