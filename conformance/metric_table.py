@@ -48,6 +48,9 @@ class Metric:
     #: grows with sequence length, so no one threshold fits 4 and 4,000 tokens: the shipped
     #: profiles bound its ``_per_sqrt_len`` counterpart and only record this one
     grows_with_length: bool = False
+    #: what computes it: ``mismatch`` (``conformance.metrics.mismatch_metrics``, every stack) or
+    #: ``routing`` (``conformance.routing.routing_metrics``, MoE stacks reporting routes)
+    family: Literal["mismatch", "routing"] = "mismatch"
 
     def deviation(self, value: float) -> float:
         """Distance from the ideal value (NaN stays NaN)."""
@@ -118,18 +121,24 @@ METRICS: tuple[Metric, ...] = (
            "tim-explainer, scaled"),
     # MoE stacks where both sides report routes (conformance.routing.routing_metrics)
     Metric("route_agreement", 1.0, "min", "pooled",
-           "fraction of (token, MoE layer) whose top-k expert sets agree", "R3 §2.2"),
+           "fraction of (token, MoE layer) whose top-k expert sets agree", "R3 §2.2",
+           family="routing"),
     Metric("route_flip_tokens", 0.0, "max", "pooled",
-           "fraction of tokens routed differently in at least one MoE layer", "R3 §2.2"),
+           "fraction of tokens routed differently in at least one MoE layer", "R3 §2.2",
+           family="routing"),
     Metric("abs_diff_mean_route_kept", 0.0, "max", "pooled",
-           "mean |log ρ| over tokens routed alike in every layer", "R3, Miles #2722"),
+           "mean |log ρ| over tokens routed alike in every layer", "R3, Miles #2722",
+           family="routing"),
     Metric("abs_diff_mean_route_flipped", 0.0, "max", "pooled",
-           "mean |log ρ| over tokens with a routing flip", "R3, Miles #2722"),
+           "mean |log ρ| over tokens with a routing flip", "R3, Miles #2722",
+           family="routing"),
 )  # fmt: skip
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
 #: every metric name, in report order
 METRIC_NAMES: tuple[str, ...] = tuple(BY_NAME)
+#: the metrics ``mismatch_metrics`` computes for every stack, in report order
+MISMATCH_METRICS: tuple[str, ...] = tuple(m.name for m in METRICS if m.family == "mismatch")
 #: the metrics bounded on every example (the others on a test's pooled tokens)
 EXAMPLE_METRICS = frozenset(m.name for m in METRICS if m.scope == "example")
 HEADLINE_METRICS: tuple[str, ...] = tuple(m.name for m in METRICS if m.headline)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from conformance.errors import NonFiniteLogprobs, UsageError
-from conformance.metric_table import METRIC_NAMES, PROB_BIN_EDGES
+from conformance.metric_table import MISMATCH_METRICS, PROB_BIN_EDGES
 
 #: rows per chunk hold about this many tokens, so each float64 work buffer (512 KiB) stays in
 #: cache and is recycled by malloc: at 10⁶ tokens, page-faulting fresh full-size buffers costs
@@ -34,8 +34,8 @@ _F64 = torch.float64
 def mismatch_metrics(
     lp_train: torch.Tensor, lp_infer: torch.Tensor, mask: torch.Tensor
 ) -> dict[str, float]:
-    r"""All mismatch metrics of one batch, keyed by ``conformance.metric_table.METRIC_NAMES`` (all
-    but the routing ones, which ``conformance.routing.routing_metrics`` computes).
+    r"""All mismatch metrics of one batch, keyed by ``conformance.metric_table.MISMATCH_METRICS``
+    (the routing ones come from ``conformance.routing.routing_metrics``).
 
     Args:
         lp_train: ``[B, T]`` float, trainer log-probabilities of the sampled tokens.
@@ -105,7 +105,7 @@ def mismatch_metrics(
             ) from None
         metrics = _finite_metrics(lp_train, lp_infer, finite, n - nonfinite)
     return {name: float(nonfinite) if name == "nonfinite_tokens" else metrics[name]
-            for name in METRIC_NAMES if name in metrics or name == "nonfinite_tokens"}  # fmt: skip
+            for name in MISMATCH_METRICS}  # fmt: skip
 
 
 class _NonFinite(Exception):

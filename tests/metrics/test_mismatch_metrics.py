@@ -14,7 +14,7 @@ from support.doctests import run_doctests
 
 from conformance import metrics
 from conformance.errors import NonFiniteLogprobs, UsageError
-from conformance.metric_table import METRIC_NAMES, PROB_BIN_EDGES
+from conformance.metric_table import MISMATCH_METRICS, PROB_BIN_EDGES
 from conformance.metrics import mismatch_metrics, rho_by_prob_bin, stack_ragged
 
 #: what a masked position may hold: anything, the non-finite values included
@@ -125,14 +125,14 @@ def test_every_metric_matches_its_brute_force_definition(batch) -> None:
     lp_train, lp_infer, mask = batch
     got = mismatch_metrics(lp_train, lp_infer, mask)
     want = brute_force(lp_train, lp_infer, mask)
-    assert set(got) == set(METRIC_NAMES) == set(want)
+    assert set(got) == set(MISMATCH_METRICS) == set(want)
     # ρ-based sums live on the scale of ρ²; the rest on the scale of 1
     valid_lr = (lp_train.double() - lp_infer.double())[mask]
     rho_scale = 1.0 + float(valid_lr.max().exp()) ** 2
     p_train = lp_train.double()[mask].exp().tolist()
     p_infer = lp_infer.double()[mask].exp().tolist()
     pcc_tol = 1e-9 * max(pcc_condition(p_train), pcc_condition(p_infer))
-    for key in METRIC_NAMES:
+    for key in MISMATCH_METRICS:
         scale = rho_scale if key.startswith(("rho", "chi2", "k3", "token_mult")) else 1.0
         tol = pcc_tol if key == "pcc" else 1e-12 * scale
         assert math.isclose(got[key], want[key], rel_tol=1e-9, abs_tol=tol), (key, got, want)

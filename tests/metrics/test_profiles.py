@@ -17,16 +17,28 @@ from conformance.profiles import available_profiles, load_profile
 from conformance.profiles.calibrate import DEPTH_BATCHES
 
 SHIPPED = ("bf16", "exact", "fp16", "fp32")
-#: what the shipped profiles bound: every metric but those that grow with sequence length
-BOUNDED = {m.name for m in METRICS if not m.grows_with_length}
+#: calibrated on the embedded MoE model, implied for MoE models
+SHIPPED_MOE = ("moe-bf16", "moe-fp16", "moe-fp32")
+#: what the shipped profiles bound: every mismatch metric but those that grow with length
+BOUNDED = {m.name for m in METRICS if not m.grows_with_length and m.family == "mismatch"}
+#: what an MoE profile bounds besides: the routing metrics measured (no flipped-token mean
+#: where the calibration saw no flip)
+ROUTING = {m.name for m in METRICS if m.family == "routing"}
 
 
-def test_the_four_profiles_ship_with_one_sourced_threshold_per_bounded_metric() -> None:
-    assert available_profiles() == list(SHIPPED)
-    for name in SHIPPED:
+def test_the_shipped_profiles_have_one_sourced_threshold_per_bounded_metric() -> None:
+    assert available_profiles() == sorted(SHIPPED + SHIPPED_MOE)
+    for name in SHIPPED + SHIPPED_MOE:
         profile = load_profile(name)
         assert profile.name == name and profile.source.is_file()
-        assert set(profile.thresholds) == BOUNDED
+        if name in SHIPPED:
+            assert set(profile.thresholds) == BOUNDED
+        else:
+            assert (
+                BOUNDED | {"route_agreement", "route_flip_tokens", "abs_diff_mean_route_kept"}
+                <= set(profile.thresholds)
+                <= BOUNDED | ROUTING
+            )
         for line in profile.source.read_text().splitlines():
             if line.split("=")[0].strip() in BY_NAME:
                 assert "#" in line, f"{name}: threshold without a source comment: {line}"
@@ -206,7 +218,7 @@ def _calibrated(tmp_path, engine_dtype: str = "bfloat16") -> tuple[Path, dict]:
     measured = {
         m.name: Measured([m.ideal + rng.uniform(-1e-3, 1e-3) for _ in range(4)])
         for m in METRICS
-        if not m.grows_with_length
+        if not m.grows_with_length and m.family == "mismatch"
     }
     origin = {
         "command": 'tim-conformance calibrate --model "/my models/x" --out p.toml',
