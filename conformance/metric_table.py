@@ -48,6 +48,10 @@ class Metric:
     #: grows with sequence length, so no one threshold fits 4 and 4,000 tokens: the shipped
     #: profiles bound its ``_per_sqrt_len`` counterpart and only record this one
     grows_with_length: bool = False
+    #: computed on ρ = e^{log r} itself: one token off by nats moves it by orders of magnitude,
+    #: so on an MoE model whose routes flip no calibration bounds it (``calibrate`` leaves it
+    #: out there)
+    exp_scale: bool = False
     #: what computes it: ``mismatch`` (``conformance.metrics.mismatch_metrics``, every stack) or
     #: ``routing`` (``conformance.routing.routing_metrics``, MoE stacks reporting routes)
     family: Literal["mismatch", "routing"] = "mismatch"
@@ -92,11 +96,14 @@ METRICS: tuple[Metric, ...] = (
            headline=True),
     Metric("prob_diff_mean", 0.0, "max", "pooled", "mean |π_train − π_infer|", "verl"),
     Metric("prob_diff_max", 0.0, "max", "example", "max |π_train − π_infer|", "verl"),
-    Metric("rho_mean", 1.0, "abs", "pooled", "mean ρ", "objective-level hacking App. B.1"),
+    Metric("rho_mean", 1.0, "abs", "pooled", "mean ρ", "objective-level hacking App. B.1",
+           exp_scale=True),
     Metric("rho_std", 0.0, "max", "pooled", "std of ρ: the mismatch",
-           "objective-level hacking §2", headline=True),
-    Metric("rho_max", 1.0, "max", "example", "max ρ", "objective-level hacking App. B.1"),
-    Metric("rho_min", 1.0, "min", "example", "min ρ", "objective-level hacking App. B.1"),
+           "objective-level hacking §2", headline=True, exp_scale=True),
+    Metric("rho_max", 1.0, "max", "example", "max ρ", "objective-level hacking App. B.1",
+           exp_scale=True),
+    Metric("rho_min", 1.0, "min", "example", "min ρ", "objective-level hacking App. B.1",
+           exp_scale=True),
     Metric("pcc", 1.0, "min", "pooled", "Pearson correlation of π_train and π_infer",
            "objective-level hacking §4.2", headline=True),
     Metric("log_ppl_abs_diff", 0.0, "max", "pooled",
@@ -109,9 +116,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("k2", 0.0, "max", "pooled", "mean ½(log ρ)² (KL estimator)", "verl rollout_corr"),
     Metric("k3", 0.0, "max", "pooled", "mean ρ − 1 − log ρ (KL estimator)",
            "verl rollout_corr, SGLang", headline=True),
-    Metric("chi2_token", 0.0, "abs", "pooled", "E[ρ²] − 1", "verl"),
+    Metric("chi2_token", 0.0, "abs", "pooled", "E[ρ²] − 1", "verl", exp_scale=True),
     Metric("token_mult_prob_error", 1.0, "max", "pooled", "mean exp(|log ρ|)",
-           "NeMo-RL, Megatron"),
+           "NeMo-RL, Megatron", exp_scale=True),
     Metric("exact_match_rate", 1.0, "min", "pooled",
            "fraction of tokens with lp_train == lp_infer bitwise", "VeXact, slime"),
     Metric("seq_log_ratio_abs_max", 0.0, "max", "example",

@@ -296,10 +296,18 @@ def render_profile(plan: Plan, measured: dict[str, Measured], origin: dict[str, 
         f"({prompts} x {new}): pooled bounds are judged from there",
         "",
     ]
+    flips = "route_flip_tokens" in measured and max(measured["route_flip_tokens"].values) > 0
     for fact in METRICS:
         if fact.grows_with_length or fact.name not in measured:
             continue
         value, note = threshold(fact, measured[fact.name], plan)
+        if flips and fact.exp_scale:
+            # a calibration bounds what it saw; a flipped token's e^{nats} it cannot
+            lines.append(
+                f"# {fact.name} not bounded: routes flip, and one flipped token moves it by "
+                f"orders of magnitude ({note.split('; ')[-1]})"
+            )
+            continue
         lines.append(f"{fact.name} = {value!r}  # {note}")
     lines += ["", "[provenance]"]
     lines += [f"{k} = {_toml(v)}" for k, v in origin.items() if k != "models"]
