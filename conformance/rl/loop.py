@@ -255,9 +255,11 @@ def rl_step(
 
     sequences = tuple(tuple(c.sequence) for c in completions)
     prompt_lengths = tuple(len(p.prompt) for p in problems)
-    # a backend with routing replay recomputes, and trains, with the experts the engine chose
+    # a backend with routing replay recomputes, and trains, with the experts the engine chose;
+    # a dense model's rollouts pass none (so a backend written before routes still runs)
     routes = tuple(c.routes for c in completions)
-    out = backend.recompute(sequences, routes=routes)
+    moe = any(r is not None for r in routes)
+    out = backend.recompute(sequences, **({"routes": routes} if moe else {}))
     lp_old = response_logprobs(out.logprobs, prompt_lengths).float()
     entropy = response_logprobs(out.entropy, prompt_lengths)
     lengths = torch.tensor([len(c.tokens) for c in completions])
@@ -277,7 +279,7 @@ def rl_step(
         old_logprobs=lp_infer if config.old_logprobs == "engine" else lp_old,
         advantages=advantages.float(),
         weights=weights,
-        routes=routes if any(r is not None for r in routes) else None,
+        routes=routes if moe else None,
     )
     updates = [trained(backend.update, mb) for mb in batch.minibatches(config.updates_per_step)]
     sync(engine, config.scenario.engine_weights(step, trained(backend.state_dict), generator))
