@@ -98,10 +98,10 @@ class RouteTap:
 
         return hook
 
-    def sequence_routes(self, call: int, rows: Sequence[torch.Tensor]) -> list[Routes]:
-        """Per sequence, the routes of forward ``call`` at the given flat rows (its scored
+    def sequence_routes(self, rows: Sequence[torch.Tensor]) -> list[Routes]:
+        """Per sequence, the routes of the one forward run at the given flat rows (its scored
         positions in order)."""
-        return [self._gather([(call, r)]) for r in rows]
+        return [self._gather([(0, r)]) for r in rows]
 
     def _gather(self, pieces: Sequence[tuple[int, torch.Tensor]]) -> Routes:
         """Routes assembled from ``(call, rows)`` pieces, in order."""
@@ -166,11 +166,11 @@ class Replay:
         experts = torch.full((layers, total, k), -1, dtype=torch.long)
         with_weights = self.weights and all(r.weights is not None for r, _ in given)
         weights = torch.zeros((layers, total, k)) if with_weights else None
+        # one route per scored position: ``replay_of`` refused routes that do not line up
         for r, at in given:
-            n = min(r.positions, len(at))
-            experts[:, at[:n]] = r.experts[:n].transpose(0, 1)
+            experts[:, at] = r.experts.transpose(0, 1)
             if weights is not None and r.weights is not None:
-                weights[:, at[:n]] = r.weights[:n].transpose(0, 1)
+                weights[:, at] = r.weights.transpose(0, 1)
         tap.replay_next(experts, weights)
 
 

@@ -66,7 +66,7 @@ def forward(
         else:
             left = layout == "left-pad"
             lp, ent, rows = _forward_padded(model, chunk, left, sampling, tap, replay)
-    return lp, ent, tap.sequence_routes(0, rows) if tap.active else None
+    return lp, ent, tap.sequence_routes(rows) if tap.active else None
 
 
 def _forward_padded(
