@@ -78,6 +78,7 @@ def build_certificate(
         "profile": {
             "name": report.profile.name,
             "thresholds": report.profile.thresholds,
+            "suites": report.profile.suites,
             "provenance": report.profile.provenance,
             "foreign": report.profile.foreign,
         },

@@ -213,7 +213,7 @@ def profile_violations(candidate: Report, profile: Any) -> tuple[str, list[str]]
         found = (
             check.violations
             if profile is None
-            else profile.check(check.metrics, tokens=check.tokens)
+            else profile.check(check.metrics, tokens=check.tokens, suite=check.suite)
         )
         where = f"{check.suite}/{check.name}"
         if found:

@@ -52,6 +52,10 @@ class Metric:
     #: so on an MoE model whose routes flip no calibration bounds it (``calibrate`` leaves it
     #: out there)
     exp_scale: bool = False
+    #: a sum over the pool scaled by 1/√n: noise keeps it level, but the reference stack's own
+    #: small systematic bias grows it as √n, so a profile's bound holds up to the largest pool
+    #: it was calibrated on and grows as √(n / that pool) past it (``Profile.bounds``)
+    pool_scaled: bool = False
     #: what computes it: ``mismatch`` (``conformance.metrics.mismatch_metrics``, every stack) or
     #: ``routing`` (``conformance.routing.routing_metrics``, MoE stacks reporting routes)
     family: Literal["mismatch", "routing"] = "mismatch"
@@ -113,6 +117,10 @@ METRICS: tuple[Metric, ...] = (
            "mean over sequences of |Σ_t log ρ| / √T: length-free for independent per-token "
            "noise, growing as √T under a per-token bias", "lr-scheduling Eq. 8, scaled"),
     Metric("k1", 0.0, "abs", "pooled", "mean −log ρ (KL estimator)", "verl rollout_corr"),
+    Metric("log_ratio_sum_per_sqrt_tokens", 0.0, "max", "pooled",
+           "|Σ log ρ| / √n over the n pooled tokens (|k1|·√n): ≈ σ·|z| for unbiased per-token "
+           "noise at any pool size, b·√n under a per-token bias b, so a large pool sees a bias "
+           "far inside k1's bound", "tim-conformance: k1 as a z-statistic", pool_scaled=True),
     Metric("k2", 0.0, "max", "pooled", "mean ½(log ρ)² (KL estimator)", "verl rollout_corr"),
     Metric("k3", 0.0, "max", "pooled", "mean ρ − 1 − log ρ (KL estimator)",
            "verl rollout_corr, SGLang", headline=True),

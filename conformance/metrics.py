@@ -72,6 +72,11 @@ def mismatch_metrics(
                            are left out of every other metric
     ====================== ============================================== =====================
 
+    ``log_ratio_sum_per_sqrt_tokens`` is ``|Σ log r| / √n`` = ``|k1|·√n`` (this harness): k1
+    as a z-statistic. Unbiased per-token noise of std σ gives ≈ σ·|z| at any pool size; a
+    per-token bias b gives b·√n, so over a pool of thousands of tokens a bias far inside k1's
+    bound (set by the smallest pools' noise) stands out.
+
     (Sources: the table in BACKGROUND.md §1.) ``pcc`` is undefined when either side has zero
     variance (a single token, or a constant probability); it is then 1.0 if the two sides are
     equal token for token and 0.0 otherwise — a lower-bounded conformance metric must not pass
@@ -439,6 +444,7 @@ class _Totals:
             "log_ppl_abs_diff": float(seq_abs.mean()),
             "log_ppl_abs_diff_per_sqrt_len": float(seq_scaled.mean()),
             "k1": -self.lr_sum / n,
+            "log_ratio_sum_per_sqrt_tokens": abs(self.lr_sum) / math.sqrt(n),
             "k2": 0.5 * self.lr_sq_sum / n,
             # Σ(ρ − 1 − log r) as a difference of sums: both are accurate far below k3's size
             "k3": (self.em1_sum - self.lr_sum) / n,

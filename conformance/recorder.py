@@ -238,7 +238,9 @@ class Recorder:
         metrics = _safe_metrics(mismatch_metrics, train, infer, mask)
         if per_example:
             metrics = {k: v for k, v in metrics.items() if k in EXAMPLE_METRICS}
-        return self._profile.check(metrics, tokens=int(mask.sum()))
+        return self._profile.check(
+            metrics, tokens=int(mask.sum()), suite=self._require_check().suite
+        )
 
     def note(self, **values: Any) -> None:
         """Record extra per-check numbers (e.g. a simulated floor) next to the metrics."""
@@ -260,7 +262,9 @@ class Recorder:
         """Hold one example to the profile's per-token and per-sequence bounds; the failure
         names metric, value, threshold, the case and the replay command."""
         record = self._require_check()
-        violations = self._profile.check({k: v for k, v in metrics.items() if k in EXAMPLE_METRICS})
+        violations = self._profile.check(
+            {k: v for k, v in metrics.items() if k in EXAMPLE_METRICS}, suite=record.suite
+        )
         if violations:
             detail = f" — {record.nonfinite_at}" if metrics["nonfinite_tokens"] else ""
             self._raise(
@@ -274,7 +278,9 @@ class Recorder:
         record = self._require_check()
         pooled = record.pooled()
         violations = self._profile.check(
-            {k: v for k, v in pooled.items() if k not in EXAMPLE_METRICS}, tokens=record.tokens()
+            {k: v for k, v in pooled.items() if k not in EXAMPLE_METRICS},
+            tokens=record.tokens(),
+            suite=record.suite,
         )
         if violations and record.worst is not None:
             record.case = record.worst[1]

@@ -241,8 +241,12 @@ class HarnessSession:
             message=outcome.message or "; ".join(filter(None, uncovered)),
             metrics=metrics,
             tokens=tokens,
-            thresholds={k: v for k, v in self.profile.thresholds.items() if k in metrics},
-            violations=self.profile.check(metrics, tokens=tokens) if metrics else [],
+            thresholds={
+                k: v for k, v in self.profile.bounds(record.suite, tokens).items() if k in metrics
+            },
+            violations=(
+                self.profile.check(metrics, tokens=tokens, suite=record.suite) if metrics else []
+            ),
             worst_case={**case, "replay": self.replay_command(record.nodeid)} if case else None,
             worst_case_metrics=case_metrics,
             shrink=Shrink(**shrink) if shrink else None,
@@ -310,7 +314,9 @@ class HarnessSession:
                 name=self.profile.name,
                 source=str(self.profile.source),
                 thresholds=self.profile.thresholds,
+                suites=self.profile.suites,
                 min_pooled_tokens=self.profile.min_pooled_tokens,
+                max_pooled_tokens=self.profile.max_pooled_tokens,
                 provenance=self.profile.provenance or None,
                 foreign=self.profile.foreign_to(self.model_info.sha256, device_info()),
             ),

@@ -1,7 +1,16 @@
 """Tolerance profiles: one threshold per mismatch metric, shipped as TOML in this package.
 
 A profile file is a flat table ``metric = threshold``, plus an optional ``description``,
-``min_pooled_tokens`` and a ``[provenance]`` table. ``min_pooled_tokens`` is the fewest tokens
+``min_pooled_tokens``, ``max_pooled_tokens``, ``[suites.NAME]`` tables and a ``[provenance]``
+table. ``max_pooled_tokens`` is the largest pool the calibration measured: a pool-scaled metric's
+bound (``Metric.pool_scaled``, |Σ log ρ|/√n) holds up to it and grows as √(n / it) past it,
+since the reference stack's own systematic bias b moves that metric as b·√n (measured: a sound
+bf16 stack's prefill-parity pool of 57,000 tokens reached 0.43 against a bound of 0.46 calibrated
+on pools of at most 20,448). A
+``[suites.NAME]`` table replaces the bounds it names for the suite ``NAME`` alone: the
+weight-sync suite scores the model holding new weights, which drifts more than the model
+itself, and widening every suite's bounds to cover it cost the other suites their power to see
+a small bias (a calibrated bf16 k1 bound 0.012 → 0.018). ``min_pooled_tokens`` is the fewest tokens
 a pooled bound (an average, spread or correlation) is judged on: a calibrated profile sets it to
 the smallest pool its bounds were measured on; a mean over fewer tokens strays further from its
 ideal than the calibration saw (one token's log-ratio is its own mean), so such a pool is
@@ -35,8 +44,24 @@ class Profile:
     description: str = ""
     #: pools of fewer valid tokens are not held to the pooled bounds (see the module docstring)
     min_pooled_tokens: int = 1
+    #: the largest calibrated pool: past it pool-scaled bounds grow (see the module docstring)
+    max_pooled_tokens: int | None = None
     #: where the thresholds were measured (``[provenance]``); empty for a hand-written profile
     provenance: dict[str, Any] = field(default_factory=dict)
+    #: suite name → the bounds that replace the base ones for that suite (``[suites.NAME]``)
+    suites: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def bounds(self, suite: str | None = None, tokens: int | None = None) -> dict[str, float]:
+        """The bounds ``suite``'s pool of ``tokens`` tokens is held to: the base ones with the
+        suite's own table replacing them, the pool-scaled ones grown past
+        ``max_pooled_tokens``."""
+        bounds = self.thresholds | self.suites.get(suite or "", {})
+        if tokens and self.max_pooled_tokens and tokens > self.max_pooled_tokens:
+            grow = math.sqrt(tokens / self.max_pooled_tokens)
+            for name, threshold in bounds.items():
+                if metric(name).pool_scaled:
+                    bounds[name] = threshold * grow
+        return bounds
 
     def foreign_to(self, model_sha256: str, device: Mapping[str, Any]) -> str | None:
         """One line saying that this profile was calibrated on other models or another device
@@ -61,13 +86,15 @@ class Profile:
         (``None``: a pool of unknown size, judged)."""
         return tokens is None or tokens >= self.min_pooled_tokens
 
-    def check(self, metrics: Mapping[str, float], *, tokens: int | None = None) -> list[Violation]:
-        """Violations among the metrics both measured and bounded; NaN always violates.
-        ``tokens`` is how many tokens ``metrics`` pool: the pooled metrics of a pool the
-        profile does not judge (:meth:`judges_pool`) are left out."""
+    def check(
+        self, metrics: Mapping[str, float], *, tokens: int | None = None, suite: str | None = None
+    ) -> list[Violation]:
+        """Violations among the metrics both measured and bounded (by :meth:`bounds`); NaN
+        always violates. ``tokens`` is how many tokens ``metrics`` pool: the pooled metrics of
+        a pool the profile does not judge (:meth:`judges_pool`) are left out."""
         violations = []
         pooled = self.judges_pool(tokens)
-        for name, threshold in self.thresholds.items():
+        for name, threshold in self.bounds(suite, tokens).items():
             if name not in metrics:
                 continue
             fact, value = metric(name), float(metrics[name])
@@ -106,39 +133,59 @@ def load_profile(name_or_path: str | Path) -> Profile:
         ) from None
     description = table.pop("description", "")
     min_pooled_tokens = table.pop("min_pooled_tokens", 1)
+    max_pooled_tokens = table.pop("max_pooled_tokens", None)
     provenance = table.pop("provenance", {})
     if not isinstance(provenance, dict):
         raise ProfileError(
             f"profile {path}: provenance is not a table",
             "write it as a [provenance] table, or leave it out",
         )
-    if type(min_pooled_tokens) is not int or min_pooled_tokens < 1:
+    for key, value in (
+        ("min_pooled_tokens", min_pooled_tokens),
+        ("max_pooled_tokens", max_pooled_tokens),
+    ):
+        if value is not None and (type(value) is not int or value < 1):
+            raise ProfileError(
+                f"profile {path}: {key} = {value!r} is not a positive integer",
+                f"write a whole number of tokens, e.g. {key} = 256",
+            )
+    suites = table.pop("suites", {})
+    if not isinstance(suites, dict) or not all(isinstance(t, dict) for t in suites.values()):
         raise ProfileError(
-            f"profile {path}: min_pooled_tokens = {min_pooled_tokens!r} is not a positive integer",
-            "write a whole number of tokens, e.g. min_pooled_tokens = 256",
+            f"profile {path}: suites is not a set of tables",
+            "write each suite's bounds as a [suites.NAME] table of metric = number lines",
         )
+    return Profile(
+        name=path.stem,
+        source=path,
+        thresholds=_thresholds(table, f"profile {path}"),
+        description=description,
+        min_pooled_tokens=min_pooled_tokens,
+        max_pooled_tokens=max_pooled_tokens,
+        provenance=provenance,
+        suites={
+            name: _thresholds(bounds, f"profile {path} [suites.{name}]")
+            for name, bounds in suites.items()
+        },
+    )
+
+
+def _thresholds(table: Mapping[str, Any], where: str) -> dict[str, float]:
     unknown = sorted(set(table) - set(METRIC_NAMES))
     if unknown:
         raise ProfileError(
-            f"profile {path} names unknown metric(s) {', '.join(unknown)}",
+            f"{where} names unknown metric(s) {', '.join(unknown)}",
             f"use metric names from: {', '.join(METRIC_NAMES)}",
         )
     thresholds = {}
     for name, value in table.items():
         if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
             raise ProfileError(
-                f"profile {path}: {name} = {value!r} is not a number",
+                f"{where}: {name} = {value!r} is not a number",
                 f"write a number, e.g. {name} = 1e-5",
             )
         thresholds[name] = float(value)
-    return Profile(
-        name=path.stem,
-        source=path,
-        thresholds=thresholds,
-        description=description,
-        min_pooled_tokens=min_pooled_tokens,
-        provenance=provenance,
-    )
+    return thresholds
 
 
 def _resolve(name_or_path: str | Path) -> Path:

@@ -173,6 +173,7 @@ def run_table(report: Report) -> Markup:
         ("calibrated on", calibrated_on(profile.provenance)),
         *([("profile warning", profile.foreign)] if profile.foreign else []),
         ("thresholds", _pairs(profile.thresholds)),
+        *((f"thresholds, suite {name}", _pairs(bounds)) for name, bounds in profile.suites.items()),
         ("seed · examples", f"{report.seed} · {report.examples}"),
     ]
     for key in ("engine_info", "backend_info"):

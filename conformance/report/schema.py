@@ -159,8 +159,14 @@ class ProfileInfo(Record):
     name: str
     source: str | None = None
     thresholds: dict[str, float] = field(default_factory=dict)
+    #: suite → the bounds that replaced the base ones for that suite's checks (``[suites.NAME]``
+    #: of the profile); empty when none did, and in files from before the field
+    suites: dict[str, dict[str, float]] = field(default_factory=dict)
     #: pools of fewer tokens were not held to the pooled bounds
     min_pooled_tokens: int = 1
+    #: past this pool the pool-scaled bounds grew as √(n / it) (``Metric.pool_scaled``); None
+    #: when the profile sets none, and in files from before the field
+    max_pooled_tokens: int | None = None
     #: what the profile was calibrated on (its ``[provenance]``: models, device, versions,
     #: sizes, seeds); absent for a hand-written profile and in files from before the field
     provenance: dict[str, Any] | None = None

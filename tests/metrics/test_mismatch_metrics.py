@@ -92,6 +92,7 @@ def brute_force(lp_train: torch.Tensor, lp_infer: torch.Tensor, mask: torch.Tens
         "log_ppl_abs_diff": sum(seq_sums) / len(seq_sums),
         "log_ppl_abs_diff_per_sqrt_len": sum(seq_scaled) / len(seq_scaled),
         "k1": sum(-x for x in log_r) / n,
+        "log_ratio_sum_per_sqrt_tokens": abs(sum(log_r)) / math.sqrt(n),
         "k2": sum(0.5 * x * x for x in log_r) / n,
         "k3": sum(r - 1 - x for r, x in zip(rho, log_r, strict=True)) / n,
         "chi2_token": sum(r * r for r in rho) / n - 1,

@@ -28,7 +28,7 @@ REAL = Path(__file__).parent / "data" / "schema1-bf16-prefill.json"
 #: the fields early schema-1 files lack, per report and per check
 LATER = ("depth", "timing", "fix", "scope")
 LATER_PER_CHECK = ("shrink", "seconds", "worst_case_metrics", "tokens")
-LATER_PER_PROFILE = ("min_pooled_tokens", "provenance", "foreign")
+LATER_PER_PROFILE = ("min_pooled_tokens", "provenance", "foreign", "suites", "max_pooled_tokens")
 
 
 def write(path: Path, data: dict) -> Path:
