@@ -36,7 +36,8 @@ MAX_STOP_IDS = 4
 #: seeds of a prompt's token ids (see token_sequences)
 _ID_SEEDS = st.integers(0, 2**32 - 1)
 #: lengths of repeated-token runs in a sequence; 1 = no repetition
-_RUN_LENGTHS = st.sampled_from([1, 2, 4, 8])
+RUN_LENGTHS = (1, 2, 4, 8)
+_RUN_LENGTHS = st.sampled_from(RUN_LENGTHS)
 #: GRPO samples n responses per prompt (n = 8–16 in the seeds), so a rollout batch repeats
 #: each prompt n times, next to each other as verl and TRL lay them out
 GROUP_SIZES = (2, 4, 8, 16)
@@ -265,12 +266,17 @@ def _draw_ids(
         tokens = rng.choices(range(min_id, vocab_size), k=length)
     else:
         tokens = [min_id] * length
-    run = draw(_RUN_LENGTHS)
-    tokens = [tokens[i - i % run] for i in range(length)]
+    tokens = in_runs(tokens, draw(_RUN_LENGTHS))
     markers = tuple(sorted({min_id, vocab_size - 1, max(min_id, vocab_size - 2), *special_ids}))
     for position, token in draw(_overrides(length, markers)):
         tokens[position] = token
     return tokens
+
+
+def in_runs(tokens: Sequence[int], run: int) -> list[int]:
+    """``tokens`` with every ``run``-th one repeated over the next ``run`` positions: the
+    repetition the strategies draw (``calibrate`` measures prompts made this way too)."""
+    return [tokens[i - i % run] for i in range(len(tokens))]
 
 
 @functools.lru_cache(maxsize=4096)

@@ -24,6 +24,13 @@ from conformance.strategies import (
     token_batches,
 )
 
+#: suites whose every measurement is rollout tokens as the engine decoded them against the
+#: backend's recompute of them: a calibrated profile bounds them by the calibration's decoded
+#: rollouts alone (``[suites.NAME]``), not also by its whole sequences scored in one prefill,
+#: whose small systematic bias (k1 ≈ 0.0014 on a bf16 qwen3 model, 4× its rollouts') would
+#: otherwise set the bound that a biased rollout must beat
+ROLLOUT_SUITES = ("rollout_parity", "multi_turn", "stop_strings", "logprob_semantics", "routing")
+
 
 def prompt_batches(
     model: Any,

@@ -4,7 +4,8 @@
 decode, left padding) in the engine precision against the ``hf`` backend's full forward in each
 backend precision (by default fp32, and the engine's own precision where it is lower: a profile
 covers both stacks) — on each model given and on that model holding the weight-sync suite's new
-weights (the suite scores such a model, and it drifts more), over rollout batches that span the
+weights (the suite scores such a model, and it drifts more: those measurements bound that suite
+alone, in the profile's ``[suites.weight_sync]`` table), over rollout batches that span the
 depth: quick from 8 prompts × 32 new tokens to 32 × 128, deep up to 8 prompts × 2,048 new
 tokens. Each threshold is the measured extreme times a safety factor (10 in fp32, where only
 kernel and reduction order differ; 3 in bf16/fp16, whose rounding dominates), squared for the
@@ -36,7 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from conformance.metric_table import METRICS, Metric
-from conformance.weights import SYNC_SEEDS, perturbed, read_weights, write_model
+from conformance.strategies import RUN_LENGTHS, in_runs
+from conformance.suite_support import ROLLOUT_SUITES
+from conformance.weights import SYNC_SEEDS, SYNC_SUITE, perturbed, read_weights, write_model
 
 #: (prompts, prompt length, new tokens) per depth: each depth's small, middle and large ends
 DEPTH_BATCHES = {
@@ -115,9 +118,15 @@ class Measured:
         return statistics.median(self.values)
 
 
-def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measured], list[Any]]:
-    """Run the reference stack of ``plan`` on every model; every metric's values, and the
-    models' :class:`~conformance.models.ModelInfo`."""
+Measurements = dict[str, Measured]
+#: what a calibration measures, kept apart: rollouts as decoded and whole sequences as scored in
+#: one prefill on the models themselves, and both on the models holding the weight-sync weights
+KINDS = ("decoded", "scored", "synced")
+
+
+def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measurements], list[Any]]:
+    """Run the reference stack of ``plan`` on every model; every metric's values per
+    :data:`KINDS`, and the models' :class:`~conformance.models.ModelInfo`."""
     import torch
 
     from conformance.backends import BackendConfig
@@ -127,7 +136,9 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measured]
     from conformance.models import inspect_model
 
     infos = [inspect_model(model) for model in plan.models]
-    found: dict[str, list[float]] = {m.name: [] for m in METRICS}
+    found: dict[str, dict[str, list[float]]] = {
+        kind: {m.name: [] for m in METRICS} for kind in KINDS
+    }
     batches = fitted_batches(plan, infos)
     steps = (
         (1 + len(SYNC_SEEDS))
@@ -143,7 +154,8 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measured]
             ids = torch.tensor(
                 [i for i in range(FIRST_PROMPT_ID, info.vocab_size) if i not in special]
             )
-            for label, folder in _variants(info.path, Path(scratch)):
+            for index, (label, folder) in enumerate(_variants(info.path, Path(scratch))):
+                synced = index > 0  # the model holding the weight-sync suite's weights
                 engine = HFGenerateEngine(EngineConfig(model=folder, dtype=plan.engine_dtype))
                 for backend_dtype in plan.backend_dtypes:
                     backend = HFBackend(BackendConfig(model=folder, dtype=backend_dtype))
@@ -152,14 +164,21 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measured]
                     ):
                         generator = torch.Generator().manual_seed(seed)
                         drawn = torch.randint(0, len(ids), (prompts, length), generator=generator)
+                        # the suites' prompts repeat tokens in runs, and repetition drifts
+                        # further in bf16 (a sound llama stack's weight-sync check broke a
+                        # profile measured on prompts without it: 0.85 against 0.69)
+                        batch = [
+                            in_runs(row, RUN_LENGTHS[i % len(RUN_LENGTHS)])
+                            for i, row in enumerate(ids[drawn].tolist())
+                        ]
                         completions = engine.generate(
-                            ids[drawn].tolist(), SamplingSpec(max_new_tokens=new, seed=seed)
+                            batch, SamplingSpec(max_new_tokens=new, seed=seed)
                         )
                         sequences = [c.sequence for c in completions]
                         out = backend.recompute(sequences)
-                        for metrics in _measured(completions, out, engine):
+                        for kind, metrics in _measured(completions, out, engine).items():
                             for name, value in metrics.items():
-                                found[name].append(value)
+                                found["synced" if synced else kind][name].append(value)
                         done += 1
                         progress(
                             f"[{done}/{steps}] {plan.engine_dtype} engine vs {backend_dtype} "
@@ -168,13 +187,16 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measured]
                         )
                     del backend  # before the next one loads: a user's model may not fit twice
                 del engine
-    return {name: Measured(values) for name, values in found.items() if values}, infos
+    return {
+        kind: {name: Measured(values) for name, values in found[kind].items() if values}
+        for kind in KINDS
+    }, infos
 
 
-def _measured(completions: Sequence[Any], out: Any, engine: Any) -> list[dict[str, float]]:
-    """Metrics of one batch: of the sampled tokens as decoded, and of the whole sequences as
-    scored in one prefill (what the prefill and weight-sync suites compare); on an MoE model
-    also the routing metrics of the decoded tokens."""
+def _measured(completions: Sequence[Any], out: Any, engine: Any) -> dict[str, dict[str, float]]:
+    """Metrics of one batch: ``decoded``, of the sampled tokens as decoded (on an MoE model with
+    their routing metrics), and ``scored``, of the whole sequences as scored in one prefill
+    (what the prefill and weight-sync suites compare)."""
     import torch
 
     from conformance.routing import routing_metrics
@@ -182,14 +204,14 @@ def _measured(completions: Sequence[Any], out: Any, engine: Any) -> list[dict[st
 
     lp_train, lp_infer, _ = generated_rows(completions, out.logprobs)
     scores = engine.score([c.sequence for c in completions])
-    measured = [_metrics(lp_train, lp_infer), _metrics(out.logprobs, scores)]
+    decoded = _metrics(lp_train, lp_infer)
     if out.routes is not None:
         diffs = [
             (torch.tensor(t, dtype=torch.float64) - torch.tensor(i, dtype=torch.float64)).abs()
             for t, i in zip(lp_train, lp_infer, strict=True)
         ]
-        measured.append(routing_metrics(*generated_routes(completions, out.routes), diffs))
-    return measured
+        decoded |= routing_metrics(*generated_routes(completions, out.routes), diffs)
+    return {"decoded": decoded, "scored": _metrics(out.logprobs, scores)}
 
 
 def _metrics(lp_train: Sequence[Any], lp_infer: Sequence[Any]) -> dict[str, float]:
@@ -268,11 +290,17 @@ def provenance(plan: Plan, infos: Sequence[Any], command: str) -> dict[str, Any]
     }
 
 
-def render_profile(plan: Plan, measured: dict[str, Measured], origin: dict[str, Any]) -> str:
+def render_profile(plan: Plan, measured: dict[str, Measurements], origin: dict[str, Any]) -> str:
     """The profile TOML: a header saying how it was measured, one commented threshold per
-    bounded metric, and the ``[provenance]`` table ``origin``."""
+    bounded metric of the models themselves (``measured`` by :data:`KINDS`: their decoded and
+    scored measurements), a ``[suites.NAME]`` table for each rollout suite (the decoded ones
+    alone, where tighter) and for the weight-sync suite (every measurement, the models holding
+    its weights included, where wider), and the ``[provenance]`` table ``origin``."""
     batches = [tuple(b) for b in origin["batches"]]
     prompts, _, new = min(batches, key=lambda b: b[0] * b[2])
+    # a scored sequence's log-probs start at its second token
+    largest_batch = max(batches, key=lambda b: b[0] * (b[1] + b[2] - 1))
+    largest = largest_batch[0] * (largest_batch[1] + largest_batch[2] - 1)
     models = ", ".join(f"{m['arch']} ({Path(m['path']).name})" for m in origin["models"])
     description = (
         f"{_short(plan.engine_dtype)} engine vs {' and '.join(map(_short, plan.backend_dtypes))} "
@@ -294,26 +322,87 @@ def render_profile(plan: Plan, measured: dict[str, Measured], origin: dict[str, 
         f"description = {_toml(description)}",
         f"min_pooled_tokens = {prompts * new}  # the smallest batch's rollout tokens "
         f"({prompts} x {new}): pooled bounds are judged from there",
+        f"max_pooled_tokens = {largest}  # the largest batch's tokens scored in one prefill "
+        f"({largest_batch[0]} x {sum(largest_batch[1:]) - 1}): past it the pool-scaled "
+        "bounds grow as sqrt(n / it)",
         "",
     ]
-    flips = "route_flip_tokens" in measured and max(measured["route_flip_tokens"].values) > 0
-    for fact in METRICS:
-        if fact.grows_with_length or fact.name not in measured:
-            continue
-        value, note = threshold(fact, measured[fact.name], plan)
-        if flips and fact.exp_scale:
+    decoded, own, every = (
+        _merged(*(measured.get(kind, {}) for kind in kinds))
+        for kinds in (("decoded",), ("decoded", "scored"), KINDS)
+    )
+    flips = max(every.get("route_flip_tokens", Measured([0.0])).values) > 0
+    base = _bounds(plan, own, flips)
+    for name, (value, note) in base.items():
+        if value is None:
             # a calibration bounds what it saw; a flipped token's e^{nats} it cannot
             lines.append(
-                f"# {fact.name} not bounded: routes flip, and one flipped token moves it by "
+                f"# {name} not bounded: routes flip, and one flipped token moves it by "
                 f"orders of magnitude ({note.split('; ')[-1]})"
             )
-            continue
-        lines.append(f"{fact.name} = {value!r}  # {note}")
+        else:
+            lines.append(f"{name} = {value!r}  # {note}")
+    tighter = _differing(_bounds(plan, decoded, flips), base)
+    for suite in ROLLOUT_SUITES if tighter else ():
+        lines += [
+            "",
+            f"# The {suite} suite measures rollouts as decoded: bounded by the decoded rollouts "
+            "alone, where they are tighter",
+            "# than the whole sequences scored in one prefill (whose small systematic bias "
+            "would hide a biased rollout).",
+            f"[suites.{suite}]",
+            *(f"{name} = {value!r}  # {note}" for name, (value, note) in tighter.items()),
+        ]
+    if measured.get("synced"):
+        lines += [
+            "",
+            f"# The {SYNC_SUITE} suite scores the models holding its new weights, measured "
+            "here too: where they drift",
+            "# further than the models themselves, these bounds replace the ones above for that "
+            "suite alone.",
+            f"[suites.{SYNC_SUITE}]",
+            *(
+                f"{name} = {value!r}  # {note}"
+                for name, (value, note) in _differing(_bounds(plan, every, flips), base).items()
+            ),
+        ]
     lines += ["", "[provenance]"]
     lines += [f"{k} = {_toml(v)}" for k, v in origin.items() if k != "models"]
     for model in origin["models"]:
         lines += ["", "[[provenance.models]]", *(f"{k} = {_toml(v)}" for k, v in model.items())]
     return "\n".join(lines) + "\n"
+
+
+def _merged(*parts: Measurements) -> Measurements:
+    """Each metric's values across ``parts``."""
+    names = dict.fromkeys(name for part in parts for name in part)
+    return {
+        name: Measured([v for part in parts if name in part for v in part[name].values])
+        for name in names
+    }
+
+
+def _differing(
+    bounds: dict[str, tuple[float | None, str]], base: dict[str, tuple[float | None, str]]
+) -> dict[str, tuple[float | None, str]]:
+    """The bounds that differ from ``base``'s (a metric left unbounded stays unbounded)."""
+    return {
+        name: bound
+        for name, bound in bounds.items()
+        if bound[0] is not None and name in base and bound[0] != base[name][0]
+    }
+
+
+def _bounds(plan: Plan, measured: Measurements, flips: bool) -> dict[str, tuple[float | None, str]]:
+    """Each bounded metric's threshold and note; ``None`` for the metrics on ρ itself when
+    routes flip."""
+    bounds: dict[str, tuple[float | None, str]] = {}
+    for fact in METRICS:
+        if fact.grows_with_length or fact.name not in measured:
+            continue
+        value, note = threshold(fact, measured[fact.name], plan)
+        bounds[fact.name] = (None if flips and fact.exp_scale else value, note)
+    return bounds
 
 
 def _toml(value: Any) -> str:
@@ -343,7 +432,8 @@ def _round_up(value: float, fact: Metric) -> float:
     if deviation == 0:
         return fact.ideal
     digits = 1 - math.floor(math.log10(deviation))
-    rounded = math.ceil(deviation * 10**digits) / 10**digits
+    # less a hair: 3 × 0.1 is 0.30000000000000004, which must round to 0.3, not 0.31
+    rounded = math.ceil(deviation * 10**digits * (1 - 1e-12)) / 10**digits
     return round(fact.ideal + math.copysign(rounded, value - fact.ideal), digits + 1)
 
 
