@@ -112,7 +112,7 @@ def activate(config: pytest.Config) -> HarnessSession:
         core.global_force_seed = seed
     try:
         spec = StackSpec.from_options(values)
-        spec.preflight()
+        spec = spec.preflight()
         session = HarnessSession(
             spec,
             seed=seed,

@@ -53,6 +53,9 @@ class StackSpec:
     engine_dtype: str = "float32"
     backend_dtype: str = "float32"
     profile: str = "fp32"
+    #: whether the user named the profile; an implied one that was measured on another model or
+    #: device gives way to the model's own (``preflight``)
+    profile_named: bool = True
     examples: int = 20
     depth: Depth = field(default_factory=lambda: depth("quick"))
     #: seconds Hypothesis may spend shrinking a failure
@@ -92,6 +95,7 @@ class StackSpec:
             engine_dtype=engine_dtype,
             backend_dtype=backend_dtype,
             profile=values["profile"] or implied_profile(engine_dtype, backend_dtype, moe=moe),
+            profile_named=bool(values["profile"]),
             examples=_positive_int("examples", values["examples"]),
             depth=depth(values["depth"]),
             shrink_seconds=_positive_number("shrink-seconds", values["shrink-seconds"]),
@@ -104,10 +108,12 @@ class StackSpec:
             start_timeout=_positive_number("start-timeout", values["start-timeout"]),
         )
 
-    def preflight(self) -> None:
+    def preflight(self) -> StackSpec:
         """Fail fast, before anything starts, on what the user can fix: the profile, the engine
-        and backend (installed, options they take, releases they support), the model folder;
-        warn in one line when the profile was calibrated on another model or device."""
+        and backend (installed, options they take, releases they support), the model folder.
+        Then the stack to run: where the profile was calibrated on another model or device, a
+        named one stays (a one-line warning says so) and an implied one gives way to the
+        model's own (:func:`conformance.profiles.own.own_profile`: calibrated once, cached)."""
         from conformance.backends import BACKENDS
         from conformance.engines import ENGINES
         from conformance.models import inspect_model
@@ -121,7 +127,14 @@ class StackSpec:
         releases.warn(releases.check(f"engine {self.engine!r}", engine.RELEASES))
         releases.warn(releases.check(f"backend {self.backend!r}", backend.RELEASES))
         model = inspect_model(self.model_dir())
-        releases.warn(profile.foreign_to(model.sha256, device_info()))
+        foreign = profile.foreign_to(model.sha256, device_info())
+        if foreign and not self.profile_named:
+            from conformance.profiles.own import own_profile
+
+            own = own_profile(model.path, self.engine_dtype, self.backend_dtype, self.depth.name)
+            return replace(self, profile=str(own), profile_named=True)
+        releases.warn(foreign)
+        return self
 
     def model_dir(self) -> Path:
         if self.model is not None:

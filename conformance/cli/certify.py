@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         values = resolve(vars(args), pyproject_table(Path.cwd()))
     spec = StackSpec.from_options(values)
-    spec.preflight()
+    spec = spec.preflight()
     if args.check is not None:
         return _check(spec, args.check)
     if not args.suites.is_dir():
