@@ -35,7 +35,11 @@ MODEL = Option(
 ENGINE_DTYPE = Option("engine-dtype", "engine precision (default: float32)", "float32", "D")
 BACKEND_DTYPE = Option("backend-dtype", "backend precision (default: float32)", "float32", "D")
 PROFILE = Option(
-    "profile", "tolerance profile name or TOML path (default: implied by the dtypes)", None, "P"
+    "profile",
+    "tolerance profile name or TOML path (default: implied by the dtypes; on a model or device "
+    "the shipped ones were not calibrated on, the model's own, calibrated first and cached)",
+    None,
+    "P",
 )
 EXAMPLES = Option("examples", "Hypothesis examples per property (default: 20)", "20", "N")
 DEPTH = Option(
