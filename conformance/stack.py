@@ -131,7 +131,7 @@ class StackSpec:
         if foreign and not self.profile_named:
             from conformance.profiles.own import own_profile
 
-            own = own_profile(model.path, self.engine_dtype, self.backend_dtype, self.depth.name)
+            own = own_profile(model, self.engine_dtype, self.backend_dtype, self.depth.name)
             return replace(self, profile=str(own), profile_named=True)
         releases.warn(foreign)
         return self

@@ -15,7 +15,7 @@ import os
 import shlex
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conformance.profiles.calibrate import (
     Plan,
@@ -24,6 +24,9 @@ from conformance.profiles.calibrate import (
     provenance,
     render_profile,
 )
+
+if TYPE_CHECKING:
+    from conformance.models import ModelInfo
 
 
 def cached_profile_path(
@@ -43,23 +46,22 @@ def cached_profile_path(
 
 
 def own_profile(
-    model: Path,
+    info: ModelInfo,
     engine_dtype: str,
     backend_dtype: str,
     depth: str,
     progress: Callable[[str], None] = print,
 ) -> Path:
-    """The model's own profile for this precision and depth on this device: read from the cache,
-    else calibrated (as ``tim-conformance calibrate`` does, progress line by line) and cached.
-    The calibration's backends are calibrate's default for the engine precision and the
-    stack's own backend precision."""
+    """The own profile of the model ``info`` describes, for this precision and depth on this
+    device: read from the cache, else calibrated (as ``tim-conformance calibrate`` does,
+    progress line by line) and cached. The calibration's backends are calibrate's default for
+    the engine precision and the stack's own backend precision."""
     from conformance import __version__
-    from conformance.models import inspect_model
     from conformance.stack import device_info
 
+    model = info.path
     backends = tuple(dict.fromkeys((*default_backend_dtypes(engine_dtype), backend_dtype)))
     plan = Plan(models=(model,), engine_dtype=engine_dtype, backend_dtypes=backends, depth=depth)
-    info = inspect_model(model)
     path = cached_profile_path(info.sha256, device_info(), plan, __version__)
     if path.is_file():
         progress(f"tim-conformance: profile: the model's own, calibrated before ({path})")
