@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from conformance.errors import NonFiniteLogprobs
+from conformance.errors import NonFiniteLogprobs, UsageError
 from conformance.metric_table import EXAMPLE_METRICS
 from conformance.outcome import ProfileViolation, PropertyFailure, origin
 
@@ -50,8 +50,11 @@ class CheckRecord:
     nodeid: str
     #: ``time.perf_counter()`` when the check began
     started: float = 0.0
-    #: per measured sequence: (lp_train, lp_infer, positions) as 1-D tensors
+    #: per measured sequence: (lp_train, lp_infer, positions) as 1-D tensors, of the tokens
+    #: not pooled before (see ``Recorder.measure``'s ``contexts``)
     rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    #: the contexts (``context_keys``) of every token pooled so far
+    pooled_contexts: set[int] = field(default_factory=set)
     #: per measured sequence of an MoE stack: the engine's and the backend's experts ``[tokens,
     #: layers, k]`` and |log ρ| at those tokens; empty where routes were not measured
     routes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
@@ -176,8 +179,16 @@ class Recorder:
         positions: Sequence[Sequence[int]] | None = None,
         sides: tuple[str, str] = SIDES,
         routes: tuple[Sequence[Any], Sequence[Any]] | None = None,
+        contexts: Sequence[Sequence[int]] | None = None,
     ) -> dict[str, float]:
         """Record token-aligned log-prob rows of the running example; return its metrics.
+
+        ``contexts`` holds, per row, the token sequence whose last tokens the row's values are
+        the log-probabilities of (a scored sequence; a prompt and its rollout). A token in a
+        context the check has already pooled is a second measurement of the same quantity, so
+        the pool keeps its first: Hypothesis replays examples with small changes and RL batches
+        repeat prompts, and counting every copy would make the pool's |Σ log ρ|/√n grow as
+        √copies with no bias at all. The example's own metrics count every row.
 
         ``routes`` holds, for an MoE stack, the engine's and the backend's experts per row at
         the same tokens (``[tokens, layers, k]`` each): the routing metrics join the others.
@@ -201,7 +212,19 @@ class Recorder:
         record.examples_run += 1
         for i, (t, n) in enumerate(zip(train_rows, infer_rows, strict=True)):
             where = torch.as_tensor(positions[i]) if positions else torch.arange(t.numel())
-            record.rows.append((t, n, where))
+            if contexts is not None:
+                if t.numel() > len(contexts[i]):
+                    raise UsageError(
+                        f"row {i} holds {t.numel()} log-probs but its context only "
+                        f"{len(contexts[i])} tokens",
+                        "pass as each row's context the whole sequence it scores",
+                    )
+                keys = context_keys(contexts[i])[len(contexts[i]) - t.numel() :]
+                new = torch.tensor([k not in record.pooled_contexts for k in keys], dtype=bool)
+                record.pooled_contexts.update(keys)
+                t, n, where = t[new], n[new], where[new]
+            if t.numel():
+                record.rows.append((t, n, where))
         if routes is not None:
             diffs = [(t - n).abs() for t, n in zip(train_rows, infer_rows, strict=True)]
             measured = list(zip(*routes, diffs, strict=True))
@@ -407,6 +430,17 @@ def _one_example(test: Any) -> Iterator[None]:
         yield
     finally:
         test._hypothesis_internal_use_settings = drawn
+
+
+def context_keys(sequence: Sequence[int]) -> list[int]:
+    """One key per position of ``sequence``: the hash of the sequence up to and including it,
+    so two positions share a key exactly when they hold the same token after the same prefix
+    (up to 64-bit hash collisions)."""
+    keys, key = [], 0
+    for token in sequence:
+        key = hash((key, int(token)))
+        keys.append(key)
+    return keys
 
 
 def _safe_metrics(compute: Callable[..., dict[str, float]], *tensors: Any) -> dict[str, float]:

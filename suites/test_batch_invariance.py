@@ -35,7 +35,7 @@ def test_engine_batch_invariance(data, engine, model, depth, recorder):
     in_batch = [engine.score(batch)[index]]
 
     sides = ("the engine's lone-sequence", "the engine's in-batch")
-    recorder.check_profile(recorder.measure(alone, in_batch, sides=sides))
+    recorder.check_profile(recorder.measure(alone, in_batch, sides=sides, contexts=[target]))
 
 
 @pytest.mark.tim_batch_buckets
@@ -52,4 +52,4 @@ def test_backend_batch_invariance(data, model, depth, recorder, tim):
     in_batch = [batched.logprobs[index]]
 
     sides = ("the backend's lone-sequence", "the backend's in-batch")
-    recorder.check_profile(recorder.measure(alone, in_batch, sides=sides))
+    recorder.check_profile(recorder.measure(alone, in_batch, sides=sides, contexts=[target]))

@@ -24,10 +24,10 @@ def test_decode_vs_prefill(data, engine, model, depth, recorder):
     recorder.case(prompts, shape, spec)
 
     completions = engine.generate(prompts, spec)
-    prefill = engine.score([c.sequence for c in completions])
-    lp_prefill, lp_decode, positions = generated_rows(completions, prefill)
+    contexts = [c.sequence for c in completions]
+    lp_prefill, lp_decode, positions = generated_rows(completions, engine.score(contexts))
 
     sides = ("the engine's prefill", "the engine's decode")
     recorder.check_profile(
-        recorder.measure(lp_prefill, lp_decode, positions=positions, sides=sides)
+        recorder.measure(lp_prefill, lp_decode, positions=positions, sides=sides, contexts=contexts)
     )

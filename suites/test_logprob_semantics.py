@@ -25,7 +25,7 @@ def _check_raw(recorder, backend, completions, processing, what):
     processed, _, _ = generated_rows(
         completions, backend.recompute(sequences, **processing).logprobs
     )
-    metrics = recorder.measure(raw, reported, positions=positions)
+    metrics = recorder.measure(raw, reported, positions=positions, contexts=sequences)
     if recorder.violations(raw, reported) and not recorder.violations(processed, reported):
         recorder.fail(
             f"engine reports PROCESSED logprobs: at {what} its values match the processed "

@@ -21,4 +21,4 @@ def test_prefill_parity(data, engine, model, depth, recorder, tim):
     lp_infer = engine.score(sequences)
     lp_train = backend.recompute(sequences).logprobs
 
-    recorder.check_profile(recorder.measure(lp_train, lp_infer))
+    recorder.check_profile(recorder.measure(lp_train, lp_infer, contexts=sequences))

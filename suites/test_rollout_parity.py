@@ -24,4 +24,7 @@ def test_rollout_parity(data, engine, backend, model, depth, recorder):
     recomputed = backend.recompute([c.sequence for c in completions]).logprobs
     lp_train, lp_infer, positions = generated_rows(completions, recomputed)
 
-    recorder.check_profile(recorder.measure(lp_train, lp_infer, positions=positions))
+    contexts = [c.sequence for c in completions]
+    recorder.check_profile(
+        recorder.measure(lp_train, lp_infer, positions=positions, contexts=contexts)
+    )

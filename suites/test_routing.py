@@ -69,7 +69,10 @@ def test_routing_agreement(data, routed, tim, model, depth, recorder):
     out = _recompute(natural, completions)
     lp_train, lp_infer, positions = generated_rows(completions, out.logprobs)
     routes = generated_routes(completions, out.routes)
-    recorder.check_profile(recorder.measure(lp_train, lp_infer, positions=positions, routes=routes))
+    contexts = [c.sequence for c in completions]
+    recorder.check_profile(
+        recorder.measure(lp_train, lp_infer, positions=positions, routes=routes, contexts=contexts)
+    )
 
 
 @given(data=st.data())
@@ -87,6 +90,7 @@ def test_routing_replay(data, routed, tim, backend, model, depth, recorder):
         lp_infer,
         positions=positions,
         routes=generated_routes(completions, replayed.routes),
+        contexts=[c.sequence for c in completions],
     )
     differ = sum(
         int((~agreeing(given.experts, got.experts)).sum())

@@ -94,6 +94,10 @@ def test_stop_strings_keep_ids_and_logprobs_aligned(
                 "a prompt that ends inside a character; reported, not judged: the ids and "
                 "log-probs stay aligned)"
             )
-    recomputed = backend.recompute([c.sequence for c in completions]).logprobs
-    lp_train, lp_infer, positions = generated_rows(completions, recomputed)
-    recorder.check_profile(recorder.measure(lp_train, lp_infer, positions=positions))
+    contexts = [c.sequence for c in completions]
+    lp_train, lp_infer, positions = generated_rows(
+        completions, backend.recompute(contexts).logprobs
+    )
+    recorder.check_profile(
+        recorder.measure(lp_train, lp_infer, positions=positions, contexts=contexts)
+    )

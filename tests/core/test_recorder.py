@@ -1,4 +1,5 @@
-"""The recorder's failure messages name the side that produced a NaN/inf log-prob."""
+"""The recorder: failure messages name the side that produced a NaN/inf log-prob; the pool
+holds each token measured in one context once."""
 
 from __future__ import annotations
 
@@ -36,3 +37,46 @@ def test_a_nonfinite_log_prob_is_blamed_on_its_side(held, sides, bad, named):
         held.check_profile(metrics)
     assert named in str(failure.value)
     assert ("lp_train" in str(failure.value)) == (sides is None and bad == "train")
+
+
+def test_a_token_scored_again_in_the_same_context_is_pooled_once(held):
+    """A GRPO group (one prompt 8 times) scored by a batch-invariant engine, replayed once as
+    Hypothesis replays examples: 16 copies of one sequence's errors. Pooled as 16 they would
+    make |Σ log ρ|/√n 4 × (√16) what the one sequence measures, with no bias at all."""
+    import torch
+
+    from conformance.metrics import mismatch_metrics
+
+    generator = torch.Generator().manual_seed(0)
+    sequence = [int(t) for t in torch.randint(3, 384, (200,), generator=generator)]
+    train = -torch.rand(199, generator=generator, dtype=torch.float64) * 10
+    infer = train + 1e-3 * torch.randn(199, generator=generator, dtype=torch.float64)
+    alone = mismatch_metrics(train[None], infer[None], torch.ones(1, 199, dtype=torch.bool))
+    for contexts, copies in ((None, 16), ([sequence] * 8, 1)):
+        held.current = CheckRecord(suite="prefill_parity", name="t", nodeid="t")
+        for _ in range(2):
+            measured = held.measure([train] * 8, [infer] * 8, contexts=contexts)
+            # the example itself is measured over every row it holds
+            assert measured["log_ratio_sum_per_sqrt_tokens"] == pytest.approx(
+                alone["log_ratio_sum_per_sqrt_tokens"] * 8**0.5
+            )
+        assert held.current.tokens() == 199 * copies
+        assert held.current.pooled()["log_ratio_sum_per_sqrt_tokens"] == pytest.approx(
+            alone["log_ratio_sum_per_sqrt_tokens"] * copies**0.5
+        )
+
+
+def test_a_shared_prefix_is_pooled_once_and_what_follows_it_is_kept(held):
+    held.current = CheckRecord(suite="prefill_parity", name="t", nodeid="t")
+    prefix = [5, 6, 7, 8]
+    contexts = [[*prefix, 9, 10], [*prefix, 11, 12, 13]]
+    rows = [[-1.0] * (len(c) - 1) for c in contexts]
+    held.measure(rows, rows, contexts=contexts)
+    assert held.current.tokens() == 3 + 2 + 3
+
+
+def test_a_row_longer_than_its_context_is_a_one_line_usage_error(held):
+    from conformance.errors import UsageError
+
+    with pytest.raises(UsageError, match="context only 2 tokens"):
+        held.measure([[-1.0, -2.0, -3.0]], [[-1.0, -2.0, -3.0]], contexts=[[4, 5]])
