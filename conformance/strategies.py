@@ -267,10 +267,17 @@ def _draw_ids(
     else:
         tokens = [min_id] * length
     tokens = in_runs(tokens, draw(_RUN_LENGTHS))
-    markers = tuple(sorted({min_id, vocab_size - 1, max(min_id, vocab_size - 2), *special_ids}))
-    for position, token in draw(_overrides(length, markers)):
+    for position, token in draw(_overrides(length, marker_ids(vocab_size, special_ids, min_id))):
         tokens[position] = token
     return tokens
+
+
+def marker_ids(
+    vocab_size: int, special_ids: Sequence[int] = (), min_id: int = 0
+) -> tuple[int, ...]:
+    """The ids the strategies draw beside uniform ones: the vocabulary's edges and the special
+    ids (``calibrate`` measures sequences of them too)."""
+    return tuple(sorted({min_id, vocab_size - 1, max(min_id, vocab_size - 2), *special_ids}))
 
 
 def in_runs(tokens: Sequence[int], run: int) -> list[int]:

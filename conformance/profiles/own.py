@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conformance.profiles.calibrate import (
+    METHOD,
     Plan,
     default_backend_dtypes,
     measure,
@@ -34,12 +35,12 @@ def cached_profile_path(
 ) -> Path:
     """Where the own profile of ``plan`` on ``device`` is cached: keyed by everything that
     changes what calibrate measures (the model's bytes, the device's kind and name, the
-    precisions, the depth, the harness's version)."""
+    precisions, the depth, the harness's version and calibrate's ``METHOD``)."""
     from conformance.models.cache import cache_root
 
     key = json.dumps(
         [model_sha256, device.get("kind"), device.get("name"), plan.engine_dtype,
-         list(plan.backend_dtypes), plan.depth, version]
+         list(plan.backend_dtypes), plan.depth, version, METHOD]
     )  # fmt: skip
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_root() / "profiles" / f"own-{model_sha256[:12]}-{digest}.toml"
