@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
+import shlex
+import signal
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,21 +89,64 @@ def run(args: argparse.Namespace) -> int:
     else:
         values = resolve(vars(args), pyproject_table(Path.cwd()))
     spec = StackSpec.from_options(values)
-    spec = spec.preflight()
+    out = args.out or Path("reports") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    seed = DEFAULT_SEED if args.seed is None else args.seed
     if args.check is not None:
-        return _check(spec, args.check)
+        return _check(spec.preflight(), args.check)
+    try:
+        with _sigterm_as_interrupt():
+            # may calibrate the model's own profile first: minutes, where a run gets cut short
+            spec = spec.preflight()
+    except KeyboardInterrupt as exc:
+        return _interrupted_before_suites(spec, out, seed, str(exc) or "Ctrl-C")
     if not args.suites.is_dir():
         raise UsageError(
             f"suites folder {args.suites} not found",
             "pass --suites DIR, or install from a clone with `pip install -e .`",
         )
-    out = args.out or Path("reports") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    seed = DEFAULT_SEED if args.seed is None else args.seed
     if training_values(vars(args)) and not args.rl_smoke:
         raise UsageError("RL training options without --rl-smoke", "add --rl-smoke or drop them")
     extra = ["--tim-rl-smoke", *pytest_args(vars(args))] if args.rl_smoke else []
     report = _run_suites(spec, _suite_paths(args.suites, args.suite), out, seed, extra)
     return _conclude(report, out, _stack_args(spec))
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (what CI sends on a timeout) raised as ``KeyboardInterrupt("SIGTERM")`` inside,
+    as the pytest plugin does during the suites."""
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted_before_suites(spec: Any, out: Path, seed: int, signal_name: str) -> int:
+    """An incomplete run's report (no check ran) for a certify cut short before its suites."""
+    from conformance.report import write_html
+    from conformance.session import HarnessSession
+
+    session = HarnessSession(spec, seed=seed, report_dir=out, command=_command())
+    session.interrupted = (
+        f"interrupted by {signal_name} before the suites ran (checking the stack, or calibrating "
+        "the model's own profile: a calibration cut short is not cached)"
+    )
+    session.crash_fix = (
+        "rerun certify and let its calibration finish (minutes, once: it is cached), or pass "
+        "--profile NAME|FILE"
+    )
+    report = session.write_report()
+    write_html(report, out / "report.html")
+    return _conclude(report.to_json(), out, _stack_args(spec))
+
+
+def _command() -> str:
+    return shlex.join(["tim-conformance", *sys.argv[1:]])
 
 
 def _stack_given(args: argparse.Namespace) -> bool:

@@ -185,6 +185,38 @@ def test_without_a_profile_a_model_the_shipped_ones_never_saw_gets_its_own(
     assert code == 0 and embedded["profile"]["name"] == "fp32"
 
 
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_certify_cut_short_while_calibrating_is_incomplete_and_caches_nothing(
+    unseen, signal_name, tmp_path, cli_env
+) -> None:
+    """Ctrl-C, or CI's SIGTERM on a timeout, during the first own-profile calibration (before
+    any suite runs): exit 2 with report.json; the half-done calibration is not cached."""
+    import signal
+
+    env = {**cli_env, "TIM_CONFORMANCE_CACHE": str(tmp_path / "cache")}
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "conformance", "certify", "--model", str(unseen)]
+    run = subprocess.Popen(
+        [*command, "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, env=env, cwd=REPO,
+    )  # fmt: skip
+    said = []
+    for line in run.stdout:
+        said.append(line)
+        if "[1/16]" in line:  # calibrating, one batch measured
+            run.send_signal(getattr(signal, signal_name))
+            break
+    said.extend(run.stdout)
+    assert run.wait(timeout=600) == 2, "".join(said)[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "incomplete" and report["checks"] == []
+    assert (
+        f"interrupted by {'Ctrl-C' if signal_name == 'SIGINT' else 'SIGTERM'}" in report["reason"]
+    )
+    assert "--profile" in report["fix"] and (out / "report.html").is_file()
+    assert not list((tmp_path / "cache").glob("profiles/*.toml"))
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
