@@ -135,7 +135,8 @@ class Check(Record):
     message: str = ""
     #: mismatch metrics over every token measured, plus the suite's notes
     metrics: dict[str, float] = field(default_factory=dict)
-    #: how many tokens ``metrics`` pool (files from before it lack it: pools of unknown size)
+    #: how many distinct tokens ``metrics`` pool (a token measured again in the same context
+    #: counts once; files from before it lack it: pools of unknown size)
     tokens: int | None = None
     #: the profile's thresholds of the measured metrics
     thresholds: dict[str, float] = field(default_factory=dict)
