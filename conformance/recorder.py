@@ -180,11 +180,13 @@ class Recorder:
         sides: tuple[str, str] = SIDES,
         routes: tuple[Sequence[Any], Sequence[Any]] | None = None,
         contexts: Sequence[Sequence[int]] | None = None,
+        scored_at: Sequence[Sequence[int]] | None = None,
     ) -> dict[str, float]:
         """Record token-aligned log-prob rows of the running example; return its metrics.
 
         ``contexts`` holds, per row, the token sequence whose last tokens the row's values are
-        the log-probabilities of (a scored sequence; a prompt and its rollout). A token in a
+        the log-probabilities of (a scored sequence; a prompt and its rollout), or the tokens
+        at ``scored_at``'s indices where given (a conversation's turns). A token in a
         context the check has already pooled is a second measurement of the same quantity, so
         the pool keeps its first: Hypothesis replays examples with small changes and RL batches
         repeat prompts, and counting every copy would make the pool's |Σ log ρ|/√n grow as
@@ -213,13 +215,16 @@ class Recorder:
         for i, (t, n) in enumerate(zip(train_rows, infer_rows, strict=True)):
             where = torch.as_tensor(positions[i]) if positions else torch.arange(t.numel())
             if contexts is not None:
-                if t.numel() > len(contexts[i]):
+                context = contexts[i]
+                at = scored_at[i] if scored_at else range(len(context) - t.numel(), len(context))
+                if len(at) != t.numel() or not all(0 <= j < len(context) for j in at):
                     raise UsageError(
-                        f"row {i} holds {t.numel()} log-probs but its context only "
-                        f"{len(contexts[i])} tokens",
+                        f"row {i} holds {t.numel()} log-probs but its context of "
+                        f"{len(context)} tokens does not hold them",
                         "pass as each row's context the whole sequence it scores",
                     )
-                keys = context_keys(contexts[i])[len(contexts[i]) - t.numel() :]
+                every = context_keys(context)
+                keys = [every[j] for j in at]
                 new = torch.tensor([k not in record.pooled_contexts for k in keys], dtype=bool)
                 record.pooled_contexts.update(keys)
                 t, n, where = t[new], n[new], where[new]

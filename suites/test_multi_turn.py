@@ -89,7 +89,14 @@ def test_multi_turn_rollout_parity(data, engine, backend, model, depth, recorder
         [[v for rows in per_turn for v in rows[part][seq]] for seq in range(len(prompts))]
         for part in range(3)
     )
-    recorder.check_profile(recorder.measure(lp_train, lp_infer, positions=positions))
+    scored_at = [
+        [start + j for start, tokens, _ in turns for j in range(len(tokens))] for turns in generated
+    ]
+    recorder.check_profile(
+        recorder.measure(
+            lp_train, lp_infer, positions=positions, contexts=conversations, scored_at=scored_at
+        )
+    )
 
 
 def _turn_rows(recomputed, generated, turn: int) -> tuple[list, list, list]:

@@ -78,5 +78,17 @@ def test_a_shared_prefix_is_pooled_once_and_what_follows_it_is_kept(held):
 def test_a_row_longer_than_its_context_is_a_one_line_usage_error(held):
     from conformance.errors import UsageError
 
-    with pytest.raises(UsageError, match="context only 2 tokens"):
+    with pytest.raises(UsageError, match="its context of 2 tokens does not hold them"):
         held.measure([[-1.0, -2.0, -3.0]], [[-1.0, -2.0, -3.0]], contexts=[[4, 5]])
+
+
+def test_a_conversation_pools_the_tokens_at_its_turns(held):
+    held.current = CheckRecord(suite="multi_turn", name="t", nodeid="t")
+    conversation = [5, 6, 7, 50, 51, 8, 9]  # prompt, turn, reply, turn
+    turns = [[-1.0, -2.0], [-3.0, -4.0]]
+    row = [v for turn in turns for v in turn]
+    for _ in range(2):  # replayed: pooled once
+        held.measure([row], [row], contexts=[conversation], scored_at=[[3, 4, 5, 6]])
+    assert held.current.tokens() == 4
+    held.measure([row], [row], contexts=[[*conversation[:5], 10, 11]], scored_at=[[3, 4, 5, 6]])
+    assert held.current.tokens() == 6  # the second turn follows another reply
