@@ -11,6 +11,7 @@ and the metric nearest its bound (or the violated one furthest past it).
 
     tim-conformance make-model big/qwen3 --arch qwen3 --seed 5 --vocab 8192 --layers 8 --hidden 512
     python docs/scripts/transfer_table.py big/qwen3 [more models] --work transfer/ [--examples 5]
+        [--seed 1]  # another Hypothesis seed: the runs get their own folders
 
 Runs already in ``--work`` (a ``report.json`` there) are read, not rerun, so an interrupted
 table resumes.
@@ -113,11 +114,13 @@ def main() -> None:
     parser.add_argument("models", nargs="+", type=Path)
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--examples", default="20", help="certify's --examples (default 20)")
+    parser.add_argument("--seed", default="0", help="certify's --seed (default 0)")
     parser.add_argument(
         "--precision", action="append", choices=PRECISIONS, help="only these (default: all)"
     )
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
+    seeded = "" if args.seed == "0" else f"-seed{args.seed}"
     print("| model | precision | shipped profile | own calibrated profile |")
     print("|---|---|---|---|", flush=True)
     for model in args.models:
@@ -125,10 +128,10 @@ def main() -> None:
         for label in args.precision or PRECISIONS:
             dtype, flags = PRECISIONS[label]
             own = profile_of(model, dtype, args.work)
-            run = args.work / f"{model.name}-{label.replace(' ', '-')}"
+            run = args.work / f"{model.name}-{label.replace(' ', '-')}{seeded}"
             report = certified(
                 run, "--model", str(model), *flags, "--profile", str(own),
-                "--examples", args.examples,
+                "--examples", args.examples, "--seed", args.seed,
             )  # fmt: skip
             backend = (
                 flags[flags.index("--backend-dtype") + 1]
@@ -146,8 +149,9 @@ def main() -> None:
             dtype = "bfloat16" if "bfloat16" in options else "float32"
             own = profile_of(model, dtype, args.work)
             report = certified(
-                args.work / f"{model.name}-broken-{name}", "--model", str(model),
+                args.work / f"{model.name}-broken-{name}{seeded}", "--model", str(model),
                 "--engine", ENGINES + name, *options, "--suite", suite, "--profile", str(own),
+                "--seed", args.seed,
             )  # fmt: skip
             print(
                 f"| {model.name} | broken: {engine}, {suite} | — "
