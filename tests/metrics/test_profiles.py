@@ -345,3 +345,22 @@ def test_provenance_must_be_a_table(tmp_path) -> None:
     path.write_text('provenance = "my laptop"\nrho_std = 1e-5\n')
     with pytest.raises(ProfileError, match="provenance is not a table"):
         load_profile(path)
+
+
+@pytest.mark.parametrize(
+    ("draws", "bound"),
+    [
+        # eight similar draws: their worst × 3 (0.036) would sit 3.5σ out; 7 × rms 0.0103
+        ([0.01] * 7 + [0.012], 0.072),
+        # one draw far past the rest (a bias in one batch): worst × 3 stays the larger
+        ([0.0] * 7 + [0.1], 0.3),
+    ],
+)
+def test_a_pool_scaled_bound_is_at_least_seven_rms_of_its_draws(draws, bound) -> None:
+    from conformance.metric_table import metric
+    from conformance.profiles.calibrate import Measured, Plan, threshold
+
+    plan = Plan(models=(), engine_dtype="bfloat16", backend_dtypes=("float32",))
+    value, note = threshold(metric("log_ratio_sum_per_sqrt_tokens"), Measured(draws), plan)
+    assert value == pytest.approx(bound)
+    assert ("7 × rms" in note) == (bound == 0.072)
