@@ -114,11 +114,15 @@ def test_routing_replay(data, routed, tim, backend, model, depth, recorder):
     if any(f.any() for f in flipped):
         with_replay = _mean_gap_at(lp_train, lp_infer, flipped)
         without_replay = _mean_gap_at(lp_natural, lp_infer, flipped)
-        if with_replay > without_replay:
+        # a flip between near-tied experts costs nothing, and then a token or two decide the
+        # comparison: replay must be worse by more than the spread of tokens routed alike (a
+        # sound bf16 stack's one flipped token read 0.0067 with replay, 0.0035 without)
+        spread = tim.profile.bounds("routing").get("abs_diff_mean_route_kept", 0.0)
+        if with_replay > without_replay + spread:
             recorder.fail(
                 f"routing replay ({mode}) left more mismatch on the tokens the backend routes "
                 f"differently: mean |log ρ| {with_replay:.4g} with replay > {without_replay:.4g} "
-                "without",
+                f"without + {spread:.4g} (the profile's mean |log ρ| on tokens routed alike)",
                 metrics,
             )
     recorder.check_profile(metrics)
