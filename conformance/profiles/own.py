@@ -9,6 +9,7 @@ still picks a shipped one (with its one-line warning)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -51,7 +52,7 @@ def own_profile(
     engine_dtype: str,
     backend_dtype: str,
     depth: str,
-    progress: Callable[[str], None] = print,
+    progress: Callable[[str], None] | None = None,
 ) -> Path:
     """The own profile of the model ``info`` describes, for this precision and depth on this
     device: read from the cache, else calibrated (as ``tim-conformance calibrate`` does,
@@ -59,6 +60,9 @@ def own_profile(
     the engine precision and the stack's own backend precision."""
     from conformance import __version__
     from conformance.stack import device_info
+
+    # flushed: certify's output is often a pipe (CI logs), and this runs for minutes
+    progress = progress or functools.partial(print, flush=True)
 
     model = info.path
     backends = tuple(dict.fromkeys((*default_backend_dtypes(engine_dtype), backend_dtype)))
