@@ -182,10 +182,7 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measureme
                         # further in bf16 (a sound llama stack's weight-sync check broke a
                         # profile measured on prompts without it: 0.85 against 0.69)
                         batch = [
-                            [markers[i // CONSTANT_EVERY % len(markers)]] * length
-                            if i % CONSTANT_EVERY == CONSTANT_EVERY - 1
-                            else in_runs(row, RUN_LENGTHS[i % len(RUN_LENGTHS)])
-                            for i, row in enumerate(ids[drawn].tolist())
+                            _prompt(i, row, markers) for i, row in enumerate(ids[drawn].tolist())
                         ]
                         completions = engine.generate(
                             batch, SamplingSpec(max_new_tokens=new, seed=seed)
@@ -207,6 +204,14 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measureme
         kind: {name: Measured(values) for name, values in found[kind].items() if values}
         for kind in KINDS
     }, infos
+
+
+def _prompt(index: int, drawn: list[int], markers: Sequence[int]) -> list[int]:
+    """A batch's ``index``-th prompt, as long as ``drawn``: every ``CONSTANT_EVERY``-th one id
+    repeated (cycling through ``markers``), the others ``drawn`` in runs of ``RUN_LENGTHS``."""
+    if index % CONSTANT_EVERY == CONSTANT_EVERY - 1:
+        return [markers[index // CONSTANT_EVERY % len(markers)]] * len(drawn)
+    return in_runs(drawn, RUN_LENGTHS[index % len(RUN_LENGTHS)])
 
 
 def _measured(completions: Sequence[Any], out: Any, engine: Any) -> dict[str, dict[str, float]]:
