@@ -93,53 +93,76 @@ def run(args: argparse.Namespace) -> int:
     seed = DEFAULT_SEED if args.seed is None else args.seed
     if args.check is not None:
         return _check(spec.preflight(), args.check)
-    try:
-        with _sigterm_as_interrupt():
+    with _sigterm_as_interrupt() as signals:
+        try:
             # may calibrate the model's own profile first: minutes, where a run gets cut short
             spec = spec.preflight()
-    except KeyboardInterrupt as exc:
-        return _interrupted_before_suites(spec, out, seed, str(exc) or "Ctrl-C")
-    if not args.suites.is_dir():
-        raise UsageError(
-            f"suites folder {args.suites} not found",
-            "pass --suites DIR, or install from a clone with `pip install -e .`",
-        )
-    if training_values(vars(args)) and not args.rl_smoke:
-        raise UsageError("RL training options without --rl-smoke", "add --rl-smoke or drop them")
-    extra = ["--tim-rl-smoke", *pytest_args(vars(args))] if args.rl_smoke else []
-    report = _run_suites(spec, _suite_paths(args.suites, args.suite), out, seed, extra)
+        except KeyboardInterrupt as exc:
+            return _interrupted_before_suites(spec, out, seed, str(exc) or "Ctrl-C", "preflight")
+        if not args.suites.is_dir():
+            raise UsageError(
+                f"suites folder {args.suites} not found",
+                "pass --suites DIR, or install from a clone with `pip install -e .`",
+            )
+        if training_values(vars(args)) and not args.rl_smoke:
+            raise UsageError(
+                "RL training options without --rl-smoke", "add --rl-smoke or drop them"
+            )
+        extra = ["--tim-rl-smoke", *pytest_args(vars(args))] if args.rl_smoke else []
+        try:
+            code = _run_suites(spec, _suite_paths(args.suites, args.suite), out, seed, extra)
+        except KeyboardInterrupt:
+            # taken as pytest started (importing it, reading its configuration): the plugin
+            # reports an interrupt only from its session on
+            code = None
+    report = _suites_report(out, code)
+    if report is None:
+        taken = signals[-1] if signals else "Ctrl-C"
+        return _interrupted_before_suites(spec, out, seed, taken, "startup")
     return _conclude(report, out, _stack_args(spec))
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
+def _sigterm_as_interrupt() -> Iterator[list[str]]:
     """SIGTERM (what CI sends on a timeout) raised as ``KeyboardInterrupt("SIGTERM")`` inside,
-    as the pytest plugin does during the suites."""
+    as the pytest plugin does during the suites. Yields the SIGTERMs taken: pytest swallows
+    the interrupt when one lands as it starts, before the plugin can report it."""
+    taken: list[str] = []
 
     def terminate(signum: int, frame: Any) -> None:
+        taken.append("SIGTERM")
         raise KeyboardInterrupt("SIGTERM")
 
     previous = signal.signal(signal.SIGTERM, terminate)
     try:
-        yield
+        yield taken
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _interrupted_before_suites(spec: Any, out: Path, seed: int, signal_name: str) -> int:
+#: what a certify cut short before its suites was doing, and what to do about it
+_BEFORE_SUITES = {
+    "preflight": (
+        "checking the stack, or calibrating the model's own profile: a calibration cut short "
+        "is not cached",
+        "rerun certify and let its calibration finish (minutes, once: it is cached), or pass "
+        "--profile NAME|FILE",
+    ),
+    "startup": ("starting pytest", "rerun certify"),
+}
+
+
+def _interrupted_before_suites(
+    spec: Any, out: Path, seed: int, signal_name: str, stage: str
+) -> int:
     """An incomplete run's report (no check ran) for a certify cut short before its suites."""
     from conformance.report import write_html
     from conformance.session import HarnessSession
 
+    doing, fix = _BEFORE_SUITES[stage]
     session = HarnessSession(spec, seed=seed, report_dir=out, command=_command())
-    session.interrupted = (
-        f"interrupted by {signal_name} before the suites ran (checking the stack, or calibrating "
-        "the model's own profile: a calibration cut short is not cached)"
-    )
-    session.crash_fix = (
-        "rerun certify and let its calibration finish (minutes, once: it is cached), or pass "
-        "--profile NAME|FILE"
-    )
+    session.interrupted = f"interrupted by {signal_name} before the suites ran ({doing})"
+    session.crash_fix = fix
     report = session.write_report()
     write_html(report, out / "report.html")
     return _conclude(report.to_json(), out, _stack_args(spec))
@@ -182,9 +205,8 @@ def _suite_paths(folder: Path, names: list[str]) -> list[Path]:
     return [folder / f"test_{n}.py" for n in dict.fromkeys(names)]
 
 
-def _run_suites(
-    spec: Any, suites: list[Path], out: Path, seed: int, extra: list[str]
-) -> dict[str, Any]:
+def _run_suites(spec: Any, suites: list[Path], out: Path, seed: int, extra: list[str]) -> int:
+    """pytest's exit code for the suites run on ``spec``, reporting into ``out``."""
     import pytest
 
     folder = suites[0] if suites[0].is_dir() else suites[0].parent
@@ -201,11 +223,20 @@ def _run_suites(
         f"--rootdir={folder.parent}",
     ]
     print(f"tim-conformance: certifying {spec.engine} vs {spec.backend} -> {out}", flush=True)
-    code = pytest.main(args)
+    return int(pytest.main(args))
+
+
+def _suites_report(out: Path, code: int | None) -> dict[str, Any] | None:
+    """The suites' report.json; None where an interrupt (``code`` None: before pytest ran;
+    pytest's INTERRUPTED: before the plugin's session existed) left none."""
+    import pytest
+
     report_path = out / "report.json"
+    if code is None or (code == pytest.ExitCode.INTERRUPTED and not report_path.is_file()):
+        return None
     if not report_path.is_file():
         raise UsageError(
-            f"the suites did not run (pytest exit {int(code)})", "see the pytest output above"
+            f"the suites did not run (pytest exit {code})", "see the pytest output above"
         )
     return json.loads(report_path.read_text())
 

@@ -265,6 +265,33 @@ def test_sigterm_mid_run_writes_the_report_as_incomplete(tmp_path, cli_env):
     assert "SIGTERM" in _one_line(output)
 
 
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_an_interrupt_as_pytest_starts_writes_the_report_as_incomplete(
+    signal_name, tmp_path, cli_env
+):
+    """Ctrl-C or SIGTERM right after certify hands over to pytest, before (or, on a fast start,
+    just after) the plugin's session exists: still exit 2 with report.json, never exit 130 or
+    a kill with nothing written."""
+    out = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "conformance", "certify", "--out", str(out),
+         "--suite", "rollout_parity"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=cli_env,
+    )  # fmt: skip
+    said = []
+    for line in process.stdout:
+        said.append(line)
+        if "tim-conformance: certifying" in line:  # printed just before pytest starts
+            process.send_signal(getattr(signal, signal_name))
+            break
+    said.extend(process.stdout)
+    assert process.wait(timeout=300) == 2, "".join(said)[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    taken = "Ctrl-C" if signal_name == "SIGINT" else "SIGTERM"
+    assert report["verdict"] == "incomplete" and f"interrupted by {taken}" in report["reason"]
+    assert (out / "report.html").is_file()
+
+
 def test_an_unknown_engine_option_is_one_line_before_any_test(tmp_path, cli_env):
     result = subprocess.run(
         [sys.executable, "-m", "conformance", "certify", "--out", str(tmp_path / "run"),
