@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_verdicts import ENGINES, REPO, certify, failed_checks
+from test_verdicts import ENGINES, REPO, certify, certify_interrupted, failed_checks
 
 from conformance.profiles import load_profile
 
@@ -191,23 +191,13 @@ def test_a_certify_cut_short_while_calibrating_is_incomplete_and_caches_nothing(
 ) -> None:
     """Ctrl-C, or CI's SIGTERM on a timeout, during the first own-profile calibration (before
     any suite runs): exit 2 with report.json; the half-done calibration is not cached."""
-    import signal
-
     env = {**cli_env, "TIM_CONFORMANCE_CACHE": str(tmp_path / "cache")}
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "conformance", "certify", "--model", str(unseen)]
-    run = subprocess.Popen(
-        [*command, "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, env=env, cwd=REPO,
-    )  # fmt: skip
-    said = []
-    for line in run.stdout:
-        said.append(line)
-        if "[1/16]" in line:  # calibrating, one batch measured
-            run.send_signal(getattr(signal, signal_name))
-            break
-    said.extend(run.stdout)
-    assert run.wait(timeout=600) == 2, "".join(said)[-3000:]
+    # "[1/16]": calibrating, one batch measured
+    code, output = certify_interrupted(
+        "--model", str(unseen), env=env, out=out, at="[1/16]", signal_name=signal_name
+    )
+    assert code == 2, output[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["verdict"] == "incomplete" and report["checks"] == []
     assert (

@@ -45,6 +45,25 @@ def certify(*args: str, env: dict[str, str], out: Path) -> tuple[int, dict, str]
     return result.returncode, report, result.stdout + result.stderr
 
 
+def certify_interrupted(
+    *args: str, env: dict[str, str], out: Path, at: str, signal_name: str
+) -> tuple[int, str]:
+    """Run certify, send it ``signal_name`` once a line of its output holds ``at``, and return
+    its exit code and output."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "conformance", "certify", "--out", str(out), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
+    )  # fmt: skip
+    said = []
+    for line in process.stdout:
+        said.append(line)
+        if at in line:
+            process.send_signal(getattr(signal, signal_name))
+            break
+    said.extend(process.stdout)
+    return process.wait(timeout=600), "".join(said)
+
+
 def replay(case: dict, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """Run a recorded case's replay command, as a user pastes it."""
     return subprocess.run(
@@ -273,19 +292,12 @@ def test_an_interrupt_as_pytest_starts_writes_the_report_as_incomplete(
     just after) the plugin's session exists: still exit 2 with report.json, never exit 130 or
     a kill with nothing written."""
     out = tmp_path / "run"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "conformance", "certify", "--out", str(out),
-         "--suite", "rollout_parity"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=cli_env,
+    # certify prints this line just before pytest starts
+    code, output = certify_interrupted(
+        "--suite", "rollout_parity", env=cli_env, out=out,
+        at="tim-conformance: certifying", signal_name=signal_name,
     )  # fmt: skip
-    said = []
-    for line in process.stdout:
-        said.append(line)
-        if "tim-conformance: certifying" in line:  # printed just before pytest starts
-            process.send_signal(getattr(signal, signal_name))
-            break
-    said.extend(process.stdout)
-    assert process.wait(timeout=300) == 2, "".join(said)[-3000:]
+    assert code == 2, output[-3000:]
     report = json.loads((out / "report.json").read_text())
     taken = "Ctrl-C" if signal_name == "SIGINT" else "SIGTERM"
     assert report["verdict"] == "incomplete" and f"interrupted by {taken}" in report["reason"]
