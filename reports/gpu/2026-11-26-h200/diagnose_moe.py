@@ -1,0 +1,55 @@
+"""run.sh's MoE weight-sync failure replayed outside the suite (here on CPU: the device time was
+spent): which rows are off, and whether a row scores the same alone as in its batch. Per step —
+original weights, after the sync to perturbation seed 2, after restoring — each row's summed
+|Δ log-prob| between hf-generate's scoring (bf16) and the hf backend (fp32) holding the same
+weights, and the batched row's Σ log ρ/√len; rows under 0.5 nats are left out, except the
+longest.
+
+    python diagnose_moe.py CASE
+"""
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from conformance.backends.base import BackendConfig
+from conformance.backends.hf import HFBackend
+from conformance.engines.base import EngineConfig
+from conformance.engines.hf_generate import HFGenerateEngine
+from conformance.models.cache import model_folder
+from conformance.weights import perturbed, read_weights, write_model
+
+
+def rows(label: str, engine: HFGenerateEngine, model: Path, sequences: list[list[int]]) -> None:
+    scored = engine.score(sequences)
+    expected = HFBackend(BackendConfig(model=model)).recompute(sequences).logprobs
+    for row, (got, want) in enumerate(zip(scored, expected, strict=True)):
+        diff = sum(abs(a - float(b)) for a, b in zip(got, want.tolist(), strict=True))
+        # |Σ log ρ|/√len, the metric the suite bounds (seq_log_ratio_per_sqrt_len_max)
+        signed = sum(float(b) - a for a, b in zip(got, want.tolist(), strict=True))
+        per_sqrt_len = signed / len(got) ** 0.5
+        alone = engine.score([sequences[row]])[0]
+        alone_diff = sum(abs(a - float(b)) for a, b in zip(alone, want.tolist(), strict=True))
+        if diff > 0.5 or row == max(range(len(sequences)), key=lambda r: len(sequences[r])):
+            print(
+                f"moe weight sync | {label} | row {row} ({len(sequences[row])} tokens) | "
+                f"batched Σ|Δ| {diff:.3f} | alone Σ|Δ| {alone_diff:.3f} | "
+                f"Σ log ρ/√len {per_sqrt_len:+.2f}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    sequences = json.loads(Path(sys.argv[1]).read_text())["prompt_ids"]
+    model = model_folder("embedded:moe")
+    engine = HFGenerateEngine(EngineConfig(model=model, dtype="bfloat16"))
+    original = read_weights(model)
+    new = perturbed(original, 2)
+    with tempfile.TemporaryDirectory() as scratch:
+        synced = write_model(new, model, Path(scratch))
+        rows("original weights", engine, model, sequences)
+        engine.load_weights(new)
+        rows("synced to seed 2", engine, synced, sequences)
+        engine.load_weights(original)
+        rows("restored", engine, model, sequences)
