@@ -47,12 +47,16 @@ def cached_profile_path(
     return cache_root() / "profiles" / f"own-{model_sha256[:12]}-{digest}.toml"
 
 
+#: progress lines, flushed: certify's output is often a pipe (CI logs), and this runs for minutes
+_print_flushed = functools.partial(print, flush=True)
+
+
 def own_profile(
     info: ModelInfo,
     engine_dtype: str,
     backend_dtype: str,
     depth: str,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] = _print_flushed,
 ) -> Path:
     """The own profile of the model ``info`` describes, for this precision and depth on this
     device: read from the cache, else calibrated (as ``tim-conformance calibrate`` does,
@@ -60,9 +64,6 @@ def own_profile(
     the engine precision and the stack's own backend precision."""
     from conformance import __version__
     from conformance.stack import device_info
-
-    # flushed: certify's output is often a pipe (CI logs), and this runs for minutes
-    progress = progress or functools.partial(print, flush=True)
 
     model = info.path
     backends = tuple(dict.fromkeys((*default_backend_dtypes(engine_dtype), backend_dtype)))

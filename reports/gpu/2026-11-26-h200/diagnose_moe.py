@@ -21,17 +21,21 @@ from conformance.models.cache import model_folder
 from conformance.weights import perturbed, read_weights, write_model
 
 
+def deltas(got: list[float], want: list[float]) -> tuple[float, float]:
+    """Σ|Δ log-prob| and Σ log ρ/√len (the metric the suite bounds,
+    seq_log_ratio_per_sqrt_len_max) between the engine's ``got`` and the backend's ``want``."""
+    signed = [w - g for g, w in zip(got, want, strict=True)]
+    return sum(map(abs, signed)), sum(signed) / len(signed) ** 0.5
+
+
 def rows(label: str, engine: HFGenerateEngine, model: Path, sequences: list[list[int]]) -> None:
     scored = engine.score(sequences)
     expected = HFBackend(BackendConfig(model=model)).recompute(sequences).logprobs
+    longest = max(range(len(sequences)), key=lambda r: len(sequences[r]))
     for row, (got, want) in enumerate(zip(scored, expected, strict=True)):
-        diff = sum(abs(a - float(b)) for a, b in zip(got, want.tolist(), strict=True))
-        # |Σ log ρ|/√len, the metric the suite bounds (seq_log_ratio_per_sqrt_len_max)
-        signed = sum(float(b) - a for a, b in zip(got, want.tolist(), strict=True))
-        per_sqrt_len = signed / len(got) ** 0.5
-        alone = engine.score([sequences[row]])[0]
-        alone_diff = sum(abs(a - float(b)) for a, b in zip(alone, want.tolist(), strict=True))
-        if diff > 0.5 or row == max(range(len(sequences)), key=lambda r: len(sequences[r])):
+        diff, per_sqrt_len = deltas(got, want.tolist())
+        alone_diff, _ = deltas(engine.score([sequences[row]])[0], want.tolist())
+        if diff > 0.5 or row == longest:
             print(
                 f"moe weight sync | {label} | row {row} ({len(sequences[row])} tokens) | "
                 f"batched Σ|Δ| {diff:.3f} | alone Σ|Δ| {alone_diff:.3f} | "
