@@ -34,8 +34,9 @@ def rows(label: str, engine: HFGenerateEngine, model: Path, sequences: list[list
     longest = max(range(len(sequences)), key=lambda r: len(sequences[r]))
     for row, (got, want) in enumerate(zip(scored, expected, strict=True)):
         diff, per_sqrt_len = deltas(got, want.tolist())
-        alone_diff, _ = deltas(engine.score([sequences[row]])[0], want.tolist())
         if diff > 0.5 or row == longest:
+            # scored alone only where printed: one engine call per row otherwise
+            alone_diff, _ = deltas(engine.score([sequences[row]])[0], want.tolist())
             print(
                 f"moe weight sync | {label} | row {row} ({len(sequences[row])} tokens) | "
                 f"batched Σ|Δ| {diff:.3f} | alone Σ|Δ| {alone_diff:.3f} | "
