@@ -2,10 +2,11 @@
 profiles were not measured on: the model's own, calibrated here once and cached.
 
 Decided from the README's transfer and detection-power tables (issue 20): the shipped profiles,
-measured on 2-layer embedded models, pass sound stacks of other models but are blunt there — a
-0.01-nat bias per token that the model's own bf16 profile fails is 10× inside the shipped one
-(which needs 0.1) — so a user's model gets its own measurement by default; ``--profile NAME``
-still picks a shipped one (with its one-line warning)."""
+measured on 2-layer embedded models, fail sound stacks of other models (an 8-layer model's bf16
+engine, a small MoE model's fp16) and are blunter there (a per-token bias the model's own bf16
+profile fails at 0.003 nats needs 0.01 under the shipped one), so a user's model gets its own
+measurement by default; ``--profile NAME`` still picks a shipped one (with its one-line
+warning)."""
 
 from __future__ import annotations
 
