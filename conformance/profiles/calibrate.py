@@ -321,8 +321,9 @@ def render_profile(plan: Plan, measured: dict[str, Measurements], origin: dict[s
     """The profile TOML: a header saying how it was measured, one commented threshold per
     bounded metric of the models themselves (``measured`` by :data:`KINDS`: their decoded and
     scored measurements), a ``[suites.NAME]`` table for each rollout suite (the decoded ones
-    alone, where tighter) and for the weight-sync suite (every measurement, the models holding
-    its weights included, where wider), and the ``[provenance]`` table ``origin``."""
+    alone, where tighter; where routes flip, not for the per-example and quadratic bounds) and
+    for the weight-sync suite (every measurement, the models holding its weights included,
+    where wider), and the ``[provenance]`` table ``origin``."""
     batches = [tuple(b) for b in origin["batches"]]
     prompts, _, new = min(batches, key=lambda b: b[0] * b[2])
     # a scored sequence's log-probs start at its second token
