@@ -13,6 +13,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from conformance import __version__
 from conformance.errors import ConformanceError
@@ -40,10 +41,24 @@ EPILOG = """examples:
 """
 
 
-def make_parser(command: str | None = None) -> argparse.ArgumentParser:
+class CliParser(argparse.ArgumentParser):
+    """argparse's own usage errors (an unknown option, a mistyped subcommand) in the form of the
+    CLI's other errors: one line that names the fix, not a usage block."""
+
+    def __init__(self, *args: Any, help_command: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # an unknown option is reported by the top-level parser: its fix is the subcommand's help
+        self.help_command = help_command or self.prog
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"tim-conformance: error: {message} (fix: see `{self.help_command} --help`)\n")
+
+
+def make_parser(command: str | None = None) -> CliParser:
     """The parser; with ``command`` (one of ``SUBCOMMANDS``) only that subcommand's."""
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="tim-conformance",
+        help_command=f"tim-conformance {command}" if command else None,
         description="Numerical conformance harness for training–inference mismatch in LLM RL.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
