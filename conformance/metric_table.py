@@ -48,9 +48,9 @@ class Metric:
     #: grows with sequence length, so no one threshold fits 4 and 4,000 tokens: the shipped
     #: profiles bound its ``_per_sqrt_len`` counterpart and only record this one
     grows_with_length: bool = False
-    #: computed on ρ = e^{log r} itself: one token off by nats moves it by orders of magnitude,
-    #: so on an MoE model whose routes flip no calibration bounds it (``calibrate`` leaves it
-    #: out there)
+    #: computed on ρ = e^{log r} itself, or on one token's probabilities: one token off by nats
+    #: moves it by orders of magnitude, or across the whole of [0, 1], so on an MoE model whose
+    #: routes flip no calibration bounds it (``calibrate`` leaves it out there)
     exp_scale: bool = False
     #: a sum over the pool scaled by 1/√n: noise keeps it level, but the reference stack's own
     #: small systematic bias grows it as √n, so a profile's bound holds up to the largest pool
@@ -99,7 +99,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("abs_diff_max", 0.0, "max", "example", "max |log ρ|", "slime, SkyRL",
            headline=True),
     Metric("prob_diff_mean", 0.0, "max", "pooled", "mean |π_train − π_infer|", "verl"),
-    Metric("prob_diff_max", 0.0, "max", "example", "max |π_train − π_infer|", "verl"),
+    Metric("prob_diff_max", 0.0, "max", "example", "max |π_train − π_infer|", "verl",
+           exp_scale=True),
     Metric("rho_mean", 1.0, "abs", "pooled", "mean ρ", "objective-level hacking App. B.1",
            exp_scale=True),
     Metric("rho_std", 0.0, "max", "pooled", "std of ρ: the mismatch",
@@ -123,7 +124,7 @@ METRICS: tuple[Metric, ...] = (
            "far inside k1's bound", "tim-conformance: k1 as a z-statistic", pool_scaled=True),
     Metric("k2", 0.0, "max", "pooled", "mean ½(log ρ)² (KL estimator)", "verl rollout_corr"),
     Metric("k3", 0.0, "max", "pooled", "mean ρ − 1 − log ρ (KL estimator)",
-           "verl rollout_corr, SGLang", headline=True),
+           "verl rollout_corr, SGLang", headline=True, exp_scale=True),
     Metric("chi2_token", 0.0, "abs", "pooled", "E[ρ²] − 1", "verl", exp_scale=True),
     Metric("token_mult_prob_error", 1.0, "max", "pooled", "mean exp(|log ρ|)",
            "NeMo-RL, Megatron", exp_scale=True),

@@ -69,8 +69,16 @@ ANCHORS = {
 FIRST_PROMPT_ID = 3
 #: what calibrate measures, revised whenever that changes (cached own profiles are keyed by it,
 #: so a change measures them again): 2 added the runs of one id, 3 the Z_SIGMAS floor, 4 keeps
-#: the rollout suites' per-example and quadratic bounds at the base ones where routes flip
-METHOD = 4
+#: the rollout suites' per-example and quadratic bounds at the base ones where routes flip, 5
+#: leaves k3 and max |Δp| unbounded there (``exp_scale``), adds ``FLIP_FLOORS`` and keeps the
+#: rollout suites' pool-scaled bounds at the base ones too
+METHOD = 5
+#: where routes flip, metric → the per-token metric whose bound its bound is at least: a
+#: sequence's |Σ log ρ|/√T is its one token's |Δlp| when T = 1, and the suites draw rollouts
+#: from one token, so one flipped token as far off as max |Δlp| allows may set it alone (a
+#: sound fp16 MoE stack's 28-token rollout read 0.359 against a calibrated 0.35 from one
+#: flipped token 1.36 nats off; the calibration's shortest rollouts are 32 tokens)
+FLIP_FLOORS = {"seq_log_ratio_per_sqrt_len_max": "abs_diff_max"}
 #: every this-many-th prompt is one id repeated, the id cycling through ``marker_ids``: the
 #: suites draw such sequences first (the simplest ids), and on them a sound fp16 stack's
 #: per-sequence |Σ log ρ|/√len reached 5× what random prompts had measured (0.082 vs 0.016)
@@ -321,7 +329,8 @@ def render_profile(plan: Plan, measured: dict[str, Measurements], origin: dict[s
     """The profile TOML: a header saying how it was measured, one commented threshold per
     bounded metric of the models themselves (``measured`` by :data:`KINDS`: their decoded and
     scored measurements), a ``[suites.NAME]`` table for each rollout suite (the decoded ones
-    alone, where tighter; where routes flip, not for the per-example and quadratic bounds) and
+    alone, where tighter; where routes flip, not for the per-example, quadratic and
+    pool-scaled bounds) and
     for the weight-sync suite (every measurement, the models holding its weights included,
     where wider), and the ``[provenance]`` table ``origin``."""
     batches = [tuple(b) for b in origin["batches"]]
@@ -366,20 +375,21 @@ def render_profile(plan: Plan, measured: dict[str, Measurements], origin: dict[s
             # a calibration bounds what it saw; a flipped token's e^{nats} it cannot
             lines.append(
                 f"# {name} not bounded: routes flip, and one flipped token moves it by "
-                f"orders of magnitude ({note.split('; ')[-1]})"
+                f"orders of magnitude or across [0, 1] ({note.split('; ')[-1]})"
             )
         else:
             lines.append(f"{name} = {value!r}  # {note}")
     tighter = _differing(_bounds(plan, decoded, flips), base)
     if flips:
-        # one flipped token sets a sequence's extremes and, squared, a pool's quadratic metrics,
-        # and the decoded rollouts are a few thousand tokens that may hold none of the flips a
-        # suite's rollouts will (a sound bf16 MoE stack's rollout max |Δlp| read 6.6 against
-        # 6.3, 3 × its calibration's decoded worst)
+        # one flipped token sets a sequence's extremes, squared a pool's quadratic metrics, and
+        # undiluted (δ/√n) a pool-scaled sum, and the decoded rollouts are a few thousand tokens
+        # that may hold none of the flips a suite's rollouts will (a sound bf16 MoE stack's
+        # rollout max |Δlp| read 6.6 against 6.3, 3 × its calibration's decoded worst; a sound
+        # fp16 one's |Σ log ρ|/√n 0.064 against 0.055, 7 × their rms, at --examples 100)
         tighter = {
             n: bound
             for n, bound in tighter.items()
-            if metric(n).scope != "example" and n not in QUADRATIC
+            if metric(n).scope != "example" and n not in QUADRATIC and not metric(n).pool_scaled
         }
     for suite in ROLLOUT_SUITES if tighter else ():
         lines += [
@@ -433,14 +443,23 @@ def _differing(
 
 def _bounds(plan: Plan, measured: Measurements, flips: bool) -> dict[str, tuple[float | None, str]]:
     """Each bounded metric's threshold and note; ``None`` for the metrics on ρ itself when
-    routes flip."""
-    bounds: dict[str, tuple[float | None, str]] = {}
-    for fact in METRICS:
-        if fact.grows_with_length or fact.name not in measured:
-            continue
-        value, note = threshold(fact, measured[fact.name], plan)
-        bounds[fact.name] = (None if flips and fact.exp_scale else value, note)
-    return bounds
+    routes flip, and the ``FLIP_FLOORS`` raised to their per-token bound then."""
+    bounds = {
+        fact.name: threshold(fact, measured[fact.name], plan)
+        for fact in METRICS
+        if not fact.grows_with_length and fact.name in measured
+    }
+    for name, per_token in FLIP_FLOORS.items() if flips else ():
+        if name in bounds and per_token in bounds and bounds[per_token][0] > bounds[name][0]:
+            bounds[name] = (
+                bounds[per_token][0],
+                f"{per_token}'s: routes flip, and one flipped token alone sets a one-token "
+                f"rollout's ({bounds[name][1]})",
+            )
+    return {
+        name: (None if flips and metric(name).exp_scale else value, note)
+        for name, (value, note) in bounds.items()
+    }
 
 
 def _toml(value: Any) -> str:

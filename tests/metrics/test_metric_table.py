@@ -67,3 +67,35 @@ def test_every_length_growing_metric_has_a_scaled_counterpart() -> None:
 
 def test_docstring_examples_run() -> None:
     run_doctests(metric_table)
+
+
+def test_a_metric_one_token_moves_exponentially_is_marked_exp_scale() -> None:
+    """``exp_scale`` is what ``calibrate`` leaves unbounded where MoE routes flip; it must hold
+    every metric that one flipped token (a sound bf16 MoE stack reaches ±18 nats) moves as
+    e^{nats}. Doubling that token's log-ratio from 6 to 12 nats moves a linear metric 2×, a
+    quadratic one 4×, an exponential one e^6 ≈ 400× (k3 = mean ρ − 1 − log ρ, unmarked, gave a
+    sound MoE stack's weight-sync check 592 against a calibrated 75)."""
+    import torch
+
+    from conformance.metrics import mismatch_metrics
+
+    torch.manual_seed(0)
+    lp_infer = -torch.rand(1, 1000, dtype=torch.float64) * 5
+    noise = torch.randn(1, 1000, dtype=torch.float64) * 0.02
+    mask = torch.ones(1, 1000, dtype=torch.bool)
+
+    def deviations(nats: float) -> dict[str, float]:
+        log_r = noise.clone()
+        log_r[0, 500] = nats
+        # lp_train must stay a log-probability: the flipped token's side is the engine's
+        train, infer = lp_infer + log_r.clamp(max=0), lp_infer - log_r.clamp(min=0)
+        return {k: metric(k).deviation(v) for k, v in mismatch_metrics(train, infer, mask).items()}
+
+    growth: dict[str, float] = {}
+    for sign in (1.0, -1.0):
+        small, large = deviations(6 * sign), deviations(12 * sign)
+        for name, value in large.items():
+            growth[name] = max(growth.get(name, 0.0), value / max(small[name], 1e-300))
+    exponential = {name for name, ratio in growth.items() if ratio > 50}
+    assert exponential, growth  # the rule itself finds ρ's own metrics
+    assert exponential <= {m.name for m in METRICS if m.exp_scale}, growth

@@ -329,23 +329,34 @@ def test_a_calibrated_profile_loads_with_its_provenance(tmp_path) -> None:
 def test_where_routes_flip_the_rollout_suites_keep_the_per_example_base_bounds(
     tmp_path, flipped: float
 ) -> None:
-    """One flipped token sets a sequence's extremes and, squared, a pool's quadratic metrics,
-    and the calibration's decoded rollouts may have held none of the flips a suite's rollouts
-    will (a sound bf16 MoE stack's rollout max |Δlp| read 6.6 against the 6.3 they had set):
-    where routes flip, the rollout suites' per-example and quadratic bounds stay the base
-    ones, set by every sequence measured; the other pooled bounds still come from the decoded
-    rollouts."""
-    scored = {"abs_diff_max": 1.0, "k2": 0.1, "route_flip_tokens": flipped}
+    """One flipped token sets a sequence's extremes, squared a pool's quadratic metrics and
+    undiluted a pool-scaled sum, and the calibration's decoded rollouts may have held none of
+    the flips a suite's rollouts will (a sound bf16 MoE stack's rollout max |Δlp| read 6.6
+    against the 6.3 they had set): where routes flip, the rollout suites' per-example,
+    quadratic and pool-scaled bounds stay the base ones, set by every sequence measured; the
+    other pooled bounds still come from the decoded rollouts. A sequence's bound is then at
+    least a token's (``FLIP_FLOORS``)."""
+    scored = {
+        "abs_diff_max": 1.0,
+        "k2": 0.1,
+        "log_ratio_sum_per_sqrt_tokens": 0.1,
+        "route_flip_tokens": flipped,
+    }
     profile = load_profile(_calibrated(tmp_path, scored=scored)[0])
     rollout = profile.bounds("rollout_parity")
     assert profile.thresholds["abs_diff_max"] == pytest.approx(3.0)
     assert profile.thresholds["k2"] == pytest.approx(0.9)  # 3^2 x the worst
-    for name, base in (("abs_diff_max", 3.0), ("k2", 0.9)):
+    assert profile.thresholds["log_ratio_sum_per_sqrt_tokens"] >= 0.3
+    for name in ("abs_diff_max", "k2", "log_ratio_sum_per_sqrt_tokens"):
         if flipped:
-            assert rollout[name] == pytest.approx(base), name
+            assert rollout[name] == profile.thresholds[name], name
         else:
             assert rollout[name] <= 9e-3, name
     assert profile.thresholds["k1"] == pytest.approx(0.03) and rollout["k1"] <= 3e-3
+    # a one-token rollout's |Σ log ρ|/√T is its token's |Δlp|: where a flipped token may be as
+    # far off as max |Δlp|'s bound, so may that
+    sequence = profile.thresholds["seq_log_ratio_per_sqrt_len_max"]
+    assert sequence == pytest.approx(3.0) if flipped else sequence <= 3e-3
 
 
 def test_a_profile_from_another_model_or_device_says_so_in_one_line(tmp_path) -> None:
