@@ -330,9 +330,8 @@ def render_profile(plan: Plan, measured: dict[str, Measurements], origin: dict[s
     bounded metric of the models themselves (``measured`` by :data:`KINDS`: their decoded and
     scored measurements), a ``[suites.NAME]`` table for each rollout suite (the decoded ones
     alone, where tighter; where routes flip, not for the per-example, quadratic and
-    pool-scaled bounds) and
-    for the weight-sync suite (every measurement, the models holding its weights included,
-    where wider), and the ``[provenance]`` table ``origin``."""
+    pool-scaled bounds) and for the weight-sync suite (every measurement, the models holding
+    its weights included, where wider), and the ``[provenance]`` table ``origin``."""
     batches = [tuple(b) for b in origin["batches"]]
     prompts, _, new = min(batches, key=lambda b: b[0] * b[2])
     # a scored sequence's log-probs start at its second token
@@ -442,8 +441,8 @@ def _differing(
 
 
 def _bounds(plan: Plan, measured: Measurements, flips: bool) -> dict[str, tuple[float | None, str]]:
-    """Each bounded metric's threshold and note; ``None`` for the metrics on ρ itself when
-    routes flip, and the ``FLIP_FLOORS`` raised to their per-token bound then."""
+    """Each bounded metric's threshold and note; where routes flip, ``None`` for the
+    ``exp_scale`` metrics and the ``FLIP_FLOORS`` raised to their per-token bound."""
     bounds = {
         fact.name: threshold(fact, measured[fact.name], plan)
         for fact in METRICS
