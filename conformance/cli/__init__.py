@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from conformance import __version__
-from conformance.errors import ConformanceError
+from conformance.errors import ConformanceError, UsageError
 
 #: subcommands, in the order ``--help`` lists them; ``make-model`` lives in
 #: ``conformance.cli.make_model``
@@ -42,8 +42,9 @@ EPILOG = """examples:
 
 
 class CliParser(argparse.ArgumentParser):
-    """argparse's own usage errors (an unknown option, a mistyped subcommand) in the form of the
-    CLI's other errors: one line that names the fix, not a usage block."""
+    """argparse's own usage errors (an unknown option, a mistyped subcommand) raised as the
+    CLI's other errors are: a :class:`UsageError`, one line that names the fix, not a usage
+    block."""
 
     def __init__(self, *args: Any, help_command: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -51,7 +52,7 @@ class CliParser(argparse.ArgumentParser):
         self.help_command = help_command or self.prog
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"tim-conformance: error: {message} (fix: see `{self.help_command} --help`)\n")
+        raise UsageError(message, f"see `{self.help_command} --help`")
 
 
 def make_parser(command: str | None = None) -> CliParser:
@@ -75,8 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # the only top-level options, --help and --version, exit: a subcommand can only come first
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else None
-    args = make_parser(command).parse_args(argv)
     try:
+        args = make_parser(command).parse_args(argv)
         return args.func(args)
     except ConformanceError as exc:
         print(f"tim-conformance: error: {exc}", file=sys.stderr)

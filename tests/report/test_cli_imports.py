@@ -49,18 +49,14 @@ def test_help_and_a_mistyped_subcommand_list_every_subcommand(capsys) -> None:
     assert exit_.value.code == 0
     listed = capsys.readouterr().out
     assert all(name in listed for name in SUBCOMMANDS)
-    with pytest.raises(SystemExit) as exit_:
-        main(["gates"])
-    assert exit_.value.code == 2
+    assert main(["gates"]) == 2
     err = capsys.readouterr().err
     assert all(name in err for name in SUBCOMMANDS), err
     assert len(err.strip().splitlines()) == 1 and "fix: see `tim-conformance --help`" in err, err
 
 
 def test_an_unknown_option_is_one_line_naming_the_subcommands_help(capsys) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        main(["gate", "a.json", "b.json", "--no-such-flag"])
-    assert exit_.value.code == 2
+    assert main(["gate", "a.json", "b.json", "--no-such-flag"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.splitlines() == [
         "tim-conformance: error: unrecognized arguments: --no-such-flag "
