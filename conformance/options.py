@@ -50,6 +50,29 @@ DEPTH = Option(
     "quick",
     "NAME",
 )
+MAX_PROMPT_LEN = Option(
+    "max-prompt-len",
+    "the run's longest prompt: overrides the depth's (every property reaches it once)",
+    None,
+    "N",
+)
+MAX_NEW_TOKENS = Option(
+    "max-new-tokens",
+    "the run's longest rollout: overrides the depth's (every property reaches it once)",
+    None,
+    "N",
+)
+MAX_BATCH = Option(
+    "max-batch", "the run's rollout batch (sequences): overrides the depth's", None, "N"
+)
+GROUP_SIZE = Option(
+    "group-size",
+    "the run's GRPO group size (samples per prompt): grouped batches reach it",
+    None,
+    "N",
+)
+#: the options that give a run's own shape in place of the depth's limits
+RUN_SHAPE_OPTIONS = (MAX_PROMPT_LEN, MAX_NEW_TOKENS, MAX_BATCH, GROUP_SIZE)
 SHRINK_SECONDS = Option(
     "shrink-seconds",
     "seconds Hypothesis may spend shrinking a failure to a minimal case; past them the report "
@@ -98,6 +121,7 @@ STACK_OPTIONS = (
     PROFILE,
     EXAMPLES,
     DEPTH,
+    *RUN_SHAPE_OPTIONS,
     SHRINK_SECONDS,
     LOGPROBS,
     ENGINE_OPTION,

@@ -76,6 +76,8 @@ class CheckRecord:
     nonfinite_at: str = ""
     #: what a passing check says it did not cover (see ``Recorder.remark``)
     remarks: list[str] = field(default_factory=list)
+    #: the largest sizes its examples drew (``reached_sizes``), to show a run's shape was reached
+    reached: dict[str, int] = field(default_factory=dict)
 
     def tokens(self) -> int:
         """How many tokens the pooled metrics pool."""
@@ -169,6 +171,8 @@ class Recorder:
             **({"batch_bucket_size": size} if (size := drawing_batch_size()) else {}),
             **extra,
         }
+        for key, size in reached_sizes(prompts, shape, sampling).items():
+            record.reached[key] = max(size, record.reached.get(key, 0))
         return record.case
 
     def measure(
@@ -435,6 +439,17 @@ def _one_example(test: Any) -> Iterator[None]:
         yield
     finally:
         test._hypothesis_internal_use_settings = drawn
+
+
+def reached_sizes(prompts: Sequence[Sequence[int]], shape: Any, sampling: Any) -> dict[str, int]:
+    """The sizes one example drew, by the run-shape limit each is held against: longest prompt,
+    batch, GRPO group (grouped batches only) and rollout length asked for."""
+    sizes = {"prompt_len": max(map(len, prompts), default=0), "batch": len(prompts)}
+    if getattr(shape, "kind", None) == "grouped":
+        sizes["group_size"] = shape.group_size
+    if sampling is not None:
+        sizes["new_tokens"] = sampling.max_new_tokens
+    return sizes
 
 
 def context_keys(sequence: Sequence[int]) -> list[int]:

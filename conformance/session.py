@@ -254,6 +254,7 @@ class HarnessSession:
             examples_run=record.examples_run,
             seconds=round(time.perf_counter() - record.started, 3),
             context=record.context,
+            reached=record.reached,
         )
         self.checks.append(check)
         self.log(event="check", **{k: v for k, v in check.to_json().items() if k != "samples"})
@@ -308,6 +309,7 @@ class HarnessSession:
             seed=self.seed,
             examples=self.spec.examples,
             depth=self.spec.depth.name,
+            run_shape=self.spec.depth.run_shape(),
             scope=self.scope,
             stack=Stack(fingerprint(self.spec, self.model_info, engine_info, backend_info)),
             profile=ProfileInfo(

@@ -19,7 +19,7 @@ from conformance.depth import Depth, depth
 from conformance.dtypes import canonical_dtype, implied_profile
 from conformance.engines import EngineConfig, LogprobKind
 from conformance.errors import UsageError
-from conformance.options import parse_key_values
+from conformance.options import RUN_SHAPE_OPTIONS, parse_key_values
 
 #: environment variables that change numerics (or which kernels run), recorded in fingerprints
 NUMERICS_ENV_PREFIXES = (
@@ -97,7 +97,13 @@ class StackSpec:
             profile=values["profile"] or implied_profile(engine_dtype, backend_dtype, moe=moe),
             profile_named=bool(values["profile"]),
             examples=_positive_int("examples", values["examples"]),
-            depth=depth(values["depth"]),
+            depth=depth(values["depth"]).with_run_shape(
+                **{
+                    option.name.replace("-", "_"): _positive_int(option.name, values[option.name])
+                    for option in RUN_SHAPE_OPTIONS
+                    if values[option.name] not in (None, "")
+                }
+            ),
             shrink_seconds=_positive_number("shrink-seconds", values["shrink-seconds"]),
             logprobs=logprobs,
             engine_options=options,
@@ -127,14 +133,46 @@ class StackSpec:
         releases.warn(releases.check(f"engine {self.engine!r}", engine.RELEASES))
         releases.warn(releases.check(f"backend {self.backend!r}", backend.RELEASES))
         model = inspect_model(self.model_dir())
+        self._check_run_shape(model.max_position_embeddings)
         foreign = profile.foreign_to(model.sha256, device_info())
         if foreign and not self.profile_named:
             from conformance.profiles.own import own_profile
 
-            own = own_profile(model, self.engine_dtype, self.backend_dtype, self.depth.name)
+            own = own_profile(
+                model,
+                self.engine_dtype,
+                self.backend_dtype,
+                self.depth.name,
+                cap=self._calibration_cap(model.max_position_embeddings),
+            )
             return replace(self, profile=str(own), profile_named=True)
         releases.warn(foreign)
         return self
+
+    def _check_run_shape(self, context: int | None) -> None:
+        """A run shape the model cannot hold is an error, not a silently shorter run (a depth's
+        own limits are clamped to the model's context instead)."""
+        shape = self.depth
+        if context is None or shape.max_prompt_len is None or shape == depth(shape.name):
+            return
+        # one more position: an engine scores a sequence by generating one token after it
+        needed = shape.max_prompt_len + shape.max_new_tokens + 1
+        if needed > context:
+            raise UsageError(
+                f"--max-prompt-len {shape.max_prompt_len} + --max-new-tokens "
+                f"{shape.max_new_tokens} (+1) needs {needed} positions; the model has {context}",
+                f"pass a shorter run shape, at most {context - 1} tokens together",
+            )
+
+    def _calibration_cap(self, context: int | None) -> tuple[int, int, int] | None:
+        """A run shape given in place of the depth's limits caps what its own profile is
+        calibrated on (prompts, prompt length, new tokens); None for the depth's own."""
+        shape, base = self.depth, depth(self.depth.name)
+        unbounded = context or 1 << 30
+        cap = (shape.max_batch, shape.max_prompt_len or unbounded, shape.max_new_tokens)
+        limits = (base.max_batch, base.max_prompt_len or unbounded, base.max_new_tokens)
+        # a shape at or above the depth's calibrates as the depth does, and shares its cache
+        return cap if any(c < limit for c, limit in zip(cap, limits, strict=True)) else None
 
     def model_dir(self) -> Path:
         if self.model is not None:
@@ -172,6 +210,11 @@ class StackSpec:
         args += ["--tim-profile", self.profile, "--tim-examples", str(self.examples)]
         if self.depth.name != "quick":
             args += ["--tim-depth", self.depth.name]
+        base = depth(self.depth.name)
+        for option in RUN_SHAPE_OPTIONS:
+            field_name = option.name.replace("-", "_")
+            if getattr(self.depth, field_name) != getattr(base, field_name):
+                args += [f"--tim-{option.name}", str(getattr(self.depth, field_name))]
         if self.shrink_seconds != StackSpec.shrink_seconds:
             args += ["--tim-shrink-seconds", f"{self.shrink_seconds:g}"]
         if self.logprobs is not LogprobKind.RAW:

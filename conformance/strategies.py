@@ -303,6 +303,7 @@ def batch_shapes(
     kinds: Sequence[BatchKind] = BATCH_KINDS,
     max_tokens: int | None = None,
     new_tokens: int = 0,
+    group_size: int | None = None,
 ) -> SearchStrategy[BatchShape]:
     """Return a strategy for batch layouts: size and ragged lengths (log-uniform), padding side,
     and how the prompts relate (``kinds``, see :data:`BatchKind`).
@@ -311,8 +312,11 @@ def batch_shapes(
     of the group; a shared-prefix batch draws one prefix length for all. With ``max_tokens``, a
     batch of n prompts keeps n × (longest prompt + ``new_tokens``) within it: the size is drawn
     first and caps the lengths, so large batches and long prompts are each reached, but not the
-    corner of both (an engine splits that into steps of its own token budget anyway). Shrinks
-    towards one independent sequence of length ``min_len``, padded on the first side given.
+    corner of both (an engine splits that into steps of its own token budget anyway). Groups
+    are drawn from ``GROUP_SIZES``; a run's own ``group_size`` replaces the larger ones, and the
+    largest case (:func:`at_top_sizes`) is then a grouped batch at that size, so every run
+    reaches it. Shrinks towards one independent sequence of length ``min_len``, padded on the
+    first side given.
     """
     _check_range("batch_shapes batch", min_batch, max_batch, 1)
     _check_range("batch_shapes length", min_len, max_len, 1)
@@ -335,7 +339,11 @@ def batch_shapes(
             return max_len
         return max(min_len, min(max_len, max_tokens // size - new_tokens))
 
-    groups = [g for g in GROUP_SIZES if -(-min_batch // g) * g <= max_batch]
+    if group_size is not None:
+        _check_range("batch_shapes group", 1, group_size, 1)
+    sizes = GROUP_SIZES if group_size is None else sorted({group_size, *GROUP_SIZES} - {
+        g for g in GROUP_SIZES if g > group_size})  # fmt: skip
+    groups = [g for g in sizes if -(-min_batch // g) * g <= max_batch]
     possible = {
         "independent": True,
         "grouped": bool(groups),
@@ -349,10 +357,11 @@ def batch_shapes(
 
     @st.composite
     def build(draw: st.DrawFn) -> BatchShape:
-        kind = draw(st.sampled_from(usable))
+        top_group = group_size if _AT_TOP.get() and group_size in groups else None
+        kind = "grouped" if top_group and "grouped" in usable else draw(st.sampled_from(usable))
         side = draw(st.sampled_from(tuple(padding_sides)))
         if kind == "grouped":
-            group = draw(st.sampled_from(groups))
+            group = top_group or draw(st.sampled_from(groups))
             low, high = max(1, -(-min_batch // group)), max_batch // group
             prompts = sized(draw(log_sizes(low, high)), low, high, group)
             top = longest(prompts * group)

@@ -85,6 +85,7 @@ def _prompt_batches(
         kinds=kinds,
         max_tokens=depth.max_batch_tokens,
         new_tokens=max_new_tokens,
+        group_size=depth.group_size,
     )
     return token_batches(vocab_size, shape=shapes, special_ids=special_ids)
 

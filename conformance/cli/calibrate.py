@@ -64,6 +64,17 @@ def add_parser(subparsers: Any) -> None:
             for name, batches in DEPTH_BATCHES.items()
         ),
     )
+    for name, what in (
+        ("max-batch", "prompts"),
+        ("max-prompt-len", "prompt length"),
+        ("max-new-tokens", "new tokens"),
+    ):
+        parser.add_argument(
+            f"--{name}",
+            type=int,
+            metavar="N",
+            help=f"cap the depth's batches' {what} at a run's own (match certify's --{name})",
+        )
     parser.add_argument("--out", type=Path, required=True, help="the profile .toml to write")
     parser.set_defaults(func=run)
 
@@ -79,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         provenance,
         render_profile,
     )
+    from conformance.profiles.own import cap_flags
 
     if args.out.suffix != ".toml":
         raise UsageError(f"--out {args.out} is not a .toml file", "pass e.g. --out mine.toml")
@@ -88,11 +100,16 @@ def run(args: argparse.Namespace) -> int:
         )
     engine_dtype = canonical_dtype(args.engine_dtype)
     backend_dtypes = tuple(dict.fromkeys(canonical_dtype(d) for d in args.backend_dtype))
+    caps = (args.max_batch, args.max_prompt_len, args.max_new_tokens)
+    if any(c is not None and c < 1 for c in caps):
+        raise UsageError(f"a cap of {min(c for c in caps if c is not None)}", "pass N >= 1")
+    cap = None if caps == (None, None, None) else tuple(c or 1 << 30 for c in caps)
     plan = Plan(
         models=tuple(model_folder(m) for m in args.model) or (default_model(),),
         engine_dtype=engine_dtype,
         backend_dtypes=backend_dtypes or default_backend_dtypes(engine_dtype),
         depth=args.depth,
+        cap=cap,
     )
     print(
         f"tim-conformance: calibrating {engine_dtype} hf-generate vs "
@@ -107,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
             *(a for model in args.model or plan.models for a in ("--model", str(model))),
             "--engine-dtype", engine_dtype,
             *(a for dtype in plan.backend_dtypes for a in ("--backend-dtype", dtype)),
-            "--depth", plan.depth, "--out", str(args.out),
+            "--depth", plan.depth, *cap_flags(plan.cap), "--out", str(args.out),
         ]
     )  # fmt: skip
     args.out.write_text(render_profile(plan, measured, provenance(plan, infos, command)))

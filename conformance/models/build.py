@@ -41,6 +41,7 @@ class ModelStats:
     path: Path
     arch: str
     seed: int
+    vocab: int
     n_params: int
     median_max_prob: float
     mean_entropy: float
@@ -75,6 +76,7 @@ def make_model(
         path=out_dir,
         arch=arch,
         seed=seed,
+        vocab=vocab,
         n_params=sum(p.numel() for p in model.parameters()),
         median_max_prob=median_max_prob,
         mean_entropy=mean_entropy,

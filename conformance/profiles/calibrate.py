@@ -97,6 +97,9 @@ class Plan:
     backend_dtypes: tuple[str, ...]
     depth: str = "quick"
     sampling_seeds: tuple[int, ...] = SAMPLING_SEEDS
+    #: a run's own shape (prompts, prompt length, new tokens) that caps the depth's batches: a
+    #: run certified at its own smaller shape is calibrated at it, never above the depth's
+    cap: Batch | None = None
 
     @property
     def factor(self) -> float:
@@ -104,7 +107,12 @@ class Plan:
 
     @property
     def batches(self) -> tuple[Batch, ...]:
-        return DEPTH_BATCHES[self.depth]
+        if self.cap is None:
+            return DEPTH_BATCHES[self.depth]
+        return tuple(
+            tuple(min(size, cap) for size, cap in zip(batch, self.cap, strict=True))
+            for batch in DEPTH_BATCHES[self.depth]
+        )  # type: ignore[return-value]
 
 
 def default_backend_dtypes(engine_dtype: str) -> tuple[str, ...]:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from conformance.profiles.calibrate import (
     METHOD,
+    Batch,
     Plan,
     default_backend_dtypes,
     measure,
@@ -42,10 +43,22 @@ def cached_profile_path(
 
     key = json.dumps(
         [model_sha256, device.get("kind"), device.get("name"), plan.engine_dtype,
-         list(plan.backend_dtypes), plan.depth, version, METHOD]
+         list(plan.backend_dtypes), plan.depth, version, METHOD,
+         *([list(plan.cap)] if plan.cap else [])]
     )  # fmt: skip
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_root() / "profiles" / f"own-{model_sha256[:12]}-{digest}.toml"
+
+
+def cap_flags(cap: Batch | None) -> list[str]:
+    """The calibrate flags that give ``cap``."""
+    if cap is None:
+        return []
+    batch, prompt_len, new_tokens = cap
+    return [
+        "--max-batch", str(batch), "--max-prompt-len", str(prompt_len),
+        "--max-new-tokens", str(new_tokens),
+    ]  # fmt: skip
 
 
 #: progress lines, flushed: certify's output is often a pipe (CI logs), and this runs for minutes
@@ -58,17 +71,22 @@ def own_profile(
     backend_dtype: str,
     depth: str,
     progress: Callable[[str], None] = _print_flushed,
+    *,
+    cap: Batch | None = None,
 ) -> Path:
     """The own profile of the model ``info`` describes, for this precision and depth on this
     device: read from the cache, else calibrated (as ``tim-conformance calibrate`` does,
     progress line by line) and cached. The calibration's backends are calibrate's default for
-    the engine precision and the stack's own backend precision."""
+    the engine precision and the stack's own backend precision; ``cap`` (prompts, prompt
+    length, new tokens) is a run's own shape where it is smaller than the depth's batches."""
     from conformance import __version__
     from conformance.stack import device_info
 
     model = info.path
     backends = tuple(dict.fromkeys((*default_backend_dtypes(engine_dtype), backend_dtype)))
-    plan = Plan(models=(model,), engine_dtype=engine_dtype, backend_dtypes=backends, depth=depth)
+    plan = Plan(
+        models=(model,), engine_dtype=engine_dtype, backend_dtypes=backends, depth=depth, cap=cap
+    )
     path = cached_profile_path(info.sha256, device_info(), plan, __version__)
     if path.is_file():
         progress(f"tim-conformance: profile: the model's own, calibrated before ({path})")
@@ -84,7 +102,7 @@ def own_profile(
         [
             "tim-conformance", "calibrate", "--model", str(model), "--engine-dtype", engine_dtype,
             *(a for dtype in backends for a in ("--backend-dtype", dtype)),
-            "--depth", depth, "--out", str(path),
+            "--depth", depth, *cap_flags(cap), "--out", str(path),
         ]
     )  # fmt: skip
     text = render_profile(plan, measured, provenance(plan, infos, command))

@@ -151,6 +151,9 @@ class Check(Record):
     seconds: float | None = None
     #: what sets the check apart from the stack's own run (``knobs``: a variant engine's options)
     context: dict[str, Any] = field(default_factory=dict)
+    #: the largest sizes its examples drew: ``prompt_len``, ``batch``, ``group_size`` (grouped
+    #: batches), ``new_tokens`` (rollout length asked for); empty in files from before the field
+    reached: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)
@@ -205,6 +208,10 @@ class Report(Record):
     examples: int
     #: the depth setting (schema-1 files from before it lack it)
     depth: str | None = None
+    #: the limits the run drew up to: the depth's, or the run shape given in their place
+    #: (``max_prompt_len``, ``max_new_tokens``, ``max_batch``, ``max_batch_tokens``,
+    #: ``group_size``); files from before the field lack it
+    run_shape: dict[str, int | None] | None = None
     #: what the run covered: ``stack`` (every suite of the folders it ran, nothing deselected:
     #: a pass certifies the stack) or ``suites`` (some of them: a pass certifies those only);
     #: files from before the field lack it
