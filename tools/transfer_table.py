@@ -10,7 +10,7 @@ engines under the model's own profile. One markdown row per (model, precision): 
 and the metric nearest its bound (or the violated one furthest past it).
 
     tim-conformance make-model big/qwen3 --arch qwen3 --seed 5 --vocab 8192 --layers 8 --hidden 512
-    python docs/scripts/transfer_table.py big/qwen3 [more models] --work transfer/ [--examples 5]
+    python tools/transfer_table.py big/qwen3 [more models] --work transfer/ [--examples 5]
         [--seed 1]  # another Hypothesis seed: the runs get their own folders
 
 Runs already in ``--work`` (a ``report.json`` there) are read, not rerun, so an interrupted

@@ -2,7 +2,7 @@
 backend (fp32, bf16) without replay, replaying the engine's expert ids, and its ids and combine
 weights; 32 prompts x (512 + 128) tokens, sampling seeds 0-2, mean (min-max) over the seeds.
 
-    python docs/scripts/moe_replay_table.py
+    python tools/moe_replay_table.py
 """
 
 import statistics
