@@ -1,4 +1,5 @@
-"""The README's transfer table: do the shipped profiles fit models they were not measured on?
+"""The transfer table of docs/transfer.md: do the shipped profiles fit models they were not
+measured on?
 
 For each model given: calibrate its own fp32, bf16 and fp16 profiles (quick depth, as a user
 would), run ``certify`` of the sound reference stack (hf-generate vs hf) in each precision under

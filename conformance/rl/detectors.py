@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 Row = Mapping[str, Any]
 
-#: the mismatch metric the paper calls "mismatch": std of ρ over a step's tokens (BACKGROUND §1)
+#: the mismatch metric the paper calls "mismatch": std of ρ over a step's tokens
 STD_RHO = "rho_std"
 PCC = "pcc"
 #: row field: fraction of a step's tokens with ρ outside [1/2, 2] (the TIS/MIS cap C = 2)
