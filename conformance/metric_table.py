@@ -35,7 +35,7 @@ PROB_BIN_EDGES = (0.0, 1e-3, 1e-2, 0.1, 0.5, 0.9, 1.0)
 
 @dataclass(frozen=True)
 class Metric:
-    """One metric's facts. ``source`` names who uses it (BACKGROUND.md §1)."""
+    """One metric's facts. ``source`` names who uses it."""
 
     name: str
     ideal: float

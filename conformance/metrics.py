@@ -5,7 +5,7 @@ engine's log-probability of each sampled token) and a boolean ``mask`` of the sa
 a valid token). Masked positions never contribute and may hold anything, ``-inf`` and NaN
 included. Everything is computed in float64; results are plain Python floats.
 
-Notation (BACKGROUND.md §1): ``log r = lp_train − lp_infer``, ``ρ = r = exp(log r)``,
+Notation: ``log r = lp_train − lp_infer``, ``ρ = r = exp(log r)``,
 ``π = exp(lp)``; "mean" is over valid tokens unless it says "over sequences".
 """
 
@@ -77,10 +77,10 @@ def mismatch_metrics(
     per-token bias b gives b·√n, so over a pool of thousands of tokens a bias far inside k1's
     bound (set by the smallest pools' noise) stands out.
 
-    (Sources: the table in BACKGROUND.md §1.) ``pcc`` is undefined when either side has zero
-    variance (a single token, or a constant probability); it is then 1.0 if the two sides are
-    equal token for token and 0.0 otherwise — a lower-bounded conformance metric must not pass
-    on "no evidence", and must never be NaN.
+    (Sources: each metric's ``source`` in ``conformance/metric_table.py``.) ``pcc`` is undefined
+    when either side has zero variance (a single token, or a constant probability); it is then
+    1.0 if the two sides are equal token for token and 0.0 otherwise — a lower-bounded
+    conformance metric must not pass on "no evidence", and must never be NaN.
 
     Raises:
         UsageError: shapes differ, are not 2-D, or dtypes are wrong.

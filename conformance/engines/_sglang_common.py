@@ -2,7 +2,7 @@
 environment SGLang reads, the CPU-kernel stand-in switch, and the request/reply format of
 ``generate`` (the same fields offline and over ``POST /generate``).
 
-SGLang quirks handled here (see docs ENGINES.md):
+SGLang quirks handled here:
 
 - input logprobs start with ``None`` for the first requested position, so scoring asks from
   ``logprob_start_len=0`` and drops that entry;

@@ -121,7 +121,7 @@ def engine_args(config: EngineConfig, options: Mapping[str, Any]) -> dict[str, A
 
 
 def environment(root: str, *, enforce_eager: bool, tensor_parallel_size: int) -> dict[str, str]:
-    """Environment for a fast, tidy vLLM start on a CPU machine (see docs ENGINES.md).
+    """Environment for a fast, tidy vLLM start on a CPU machine.
 
     One process instead of an engine-core subprocess (start in seconds, not tens of seconds);
     a bounded KV cache instead of ~90 % of RAM; sockets in a private folder (``root``). vLLM's

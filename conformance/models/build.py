@@ -24,7 +24,7 @@ ARCHS: dict[str, tuple[str, dict[str, object]]] = {
         {"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": True},
     ),
 }
-#: vLLM's CPU attention has no kernel for head size 16; 32 is its smallest (ENGINES.md)
+#: vLLM's CPU attention has no kernel for head size 16; 32 is its smallest
 HEAD_DIM = 32
 #: long enough for the deep search: prompts of thousands of tokens plus 2,048 new ones
 MAX_POSITIONS = 4096

@@ -20,7 +20,7 @@ in the written TOML, and its ``[provenance]`` table names the models (sha256), d
 sizes and seeds.
 
 The shipped ``fp32``, ``bf16`` and ``fp16`` profiles are written by this same command on three
-``make-model`` models (README, "Profiles"); each file's header holds the command."""
+``make-model`` models (docs/profiles.md); each file's header holds the command."""
 
 from __future__ import annotations
 
@@ -61,8 +61,8 @@ QUADRATIC = frozenset({"k2", "k3", "pcc"})
 #: but above 1.5 × measured
 ANCHORS = {
     "bfloat16": {
-        "prob_diff_mean": (0.01, "verl FAQ: < 0.005 fine, > 0.01 bad (BACKGROUND.md §5)"),
-        "token_mult_prob_error": (1.05, "NeMo-RL / Megatron: < 1.05 (BACKGROUND.md §5)"),
+        "prob_diff_mean": (0.01, "verl FAQ: < 0.005 fine, > 0.01 bad"),
+        "token_mult_prob_error": (1.05, "NeMo-RL / Megatron: < 1.05"),
     },
 }
 #: the ids a prompt is drawn from start past the embedded tokenizer's three special ids

@@ -1,12 +1,12 @@
 """The profile a stack is judged by when none is named, for a model or device the shipped
 profiles were not measured on: the model's own, calibrated here once and cached.
 
-Decided from the README's transfer and detection-power tables (issue 20): the shipped profiles,
-measured on 2-layer embedded models, fail sound stacks of other models (an 8-layer model's bf16
-engine, a small MoE model's fp16) and are blunter there (a per-token bias the model's own bf16
-profile fails at 0.003 nats needs 0.01 under the shipped one), so a user's model gets its own
-measurement by default; ``--profile NAME`` still picks a shipped one (with its one-line
-warning)."""
+Decided from the transfer and detection-power tables (issue 20; docs/transfer.md,
+docs/detection-power.md): the shipped profiles, measured on 2-layer embedded models, fail sound
+stacks of other models (an 8-layer model's bf16 engine, a small MoE model's fp16) and are
+blunter there (a per-token bias the model's own bf16 profile fails at 0.003 nats needs 0.01
+under the shipped one), so a user's model gets its own measurement by default; ``--profile
+NAME`` still picks a shipped one (with its one-line warning)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ A row is one step of ``rl.jsonl``: a dict with ``step`` and the step's signals (
 ``mismatch_metrics``). Each rule returns the step at which it is *confirmed* (the earliest step at
 which a monitor watching the run live would know), so a verdict's step is never in hindsight.
 The thresholds are calibrated on measured runs: see ``docs/rl-detectors.md`` and
-``python -m conformance.rl.calibrate``.
+``python tools/rl_detector_record.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 Row = Mapping[str, Any]
 
-#: the mismatch metric the paper calls "mismatch": std of ρ over a step's tokens (BACKGROUND §1)
+#: the mismatch metric the paper calls "mismatch": std of ρ over a step's tokens
 STD_RHO = "rho_std"
 PCC = "pcc"
 #: row field: fraction of a step's tokens with ρ outside [1/2, 2] (the TIS/MIS cap C = 2)
@@ -277,3 +277,22 @@ def lead_steps(alarm: Verdict, collapsed: Verdict) -> int | None:
     if alarm.step is None or collapsed.step is None:
         return None
     return collapsed.step - alarm.step
+
+
+#: reward "actually dropped" at the first step t ≥ at whose next DROP_SPAN rewards average below
+#: DROP_FRACTION × the mean of the DROP_SPAN steps before ``at`` (hindsight, unlike the detector)
+DROP_SPAN = 5
+DROP_FRACTION = 0.5
+
+
+def reward_drop_step(rows: Sequence[dict[str, Any]], at: int) -> int | None:
+    """The hindsight reference for "the reward actually dropped" (see ``DROP_FRACTION``)."""
+    rewards = [float(r["reward"]) for r in rows]
+    before = rewards[max(0, at - DROP_SPAN) : at]
+    if not before:
+        return None
+    level = DROP_FRACTION * statistics.mean(before)
+    for t in range(at, len(rewards) - DROP_SPAN + 1):
+        if statistics.mean(rewards[t : t + DROP_SPAN]) < level:
+            return t
+    return None

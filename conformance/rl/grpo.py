@@ -3,7 +3,7 @@
 ``mask`` marks the valid (response) tokens. Log-probabilities: ``lp`` is the trainer's current
 (with grad), ``lp_old`` the old policy of the ratio (detached: the trainer's recompute at the
 rollout weights, or the engine's own log-probs), ``lp_infer`` the engine's.
-``ρ = π_train(θ_old) / π_infer(θ_old) = exp(lp_recompute − lp_infer)`` (BACKGROUND §1).
+``ρ = π_train(θ_old) / π_infer(θ_old) = exp(lp_recompute − lp_infer)``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ CLIP_EPS = 0.2
 GSPO_EPS = (3e-4, 4e-4)
 #: TIS cap C (Yao et al. 2025; verl ``tis_imp_ratio_cap``)
 TIS_CAP = 2.0
-#: MIS cap C: tokens with ρ > C are dropped (BACKGROUND §4)
+#: MIS cap C: tokens with ρ > C are dropped
 MIS_CAP = 2.0
 #: IcePop band [α, β] (verl)
 ICEPOP_BAND = (0.5, 5.0)

@@ -17,7 +17,7 @@ from conformance.dtypes import implied_profile
 from conformance.engines.base import Engine, EngineConfig
 from conformance.errors import UsageError
 from conformance.profiles import load_profile
-from conformance.rl.calibrate import reward_drop_step
+from conformance.rl.detectors import reward_drop_step
 from conformance.rl.loop import RLSummary, RunConfig, build_stack, run_smoke, sync
 from conformance.rl.scenarios import Scenario
 from conformance.stack import StackSpec

@@ -1,4 +1,5 @@
-"""The README's transfer table: do the shipped profiles fit models they were not measured on?
+"""The transfer table of docs/transfer.md: do the shipped profiles fit models they were not
+measured on?
 
 For each model given: calibrate its own fp32, bf16 and fp16 profiles (quick depth, as a user
 would), run ``certify`` of the sound reference stack (hf-generate vs hf) in each precision under
@@ -10,7 +11,7 @@ engines under the model's own profile. One markdown row per (model, precision): 
 and the metric nearest its bound (or the violated one furthest past it).
 
     tim-conformance make-model big/qwen3 --arch qwen3 --seed 5 --vocab 8192 --layers 8 --hidden 512
-    python docs/scripts/transfer_table.py big/qwen3 [more models] --work transfer/ [--examples 5]
+    python tools/transfer_table.py big/qwen3 [more models] --work transfer/ [--examples 5]
         [--seed 1]  # another Hypothesis seed: the runs get their own folders
 
 Runs already in ``--work`` (a ``report.json`` there) are read, not rerun, so an interrupted

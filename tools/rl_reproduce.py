@@ -1,6 +1,6 @@
 """The seeds' claims redone in their own regime (docs/reproduction.md): runs, tables, plots.
 
-``python -m conformance.rl.reproduce --runs-dir DIR --doc docs/reproduction.md --plots
+``python tools/rl_reproduce.py --runs-dir DIR --doc docs/reproduction.md --plots
 docs/figures`` runs every experiment of every study on the embedded stack, once per seed,
 and rewrites the generated blocks of the doc (``<!-- reproduce:KEY -->`` …
 ``<!-- /reproduce:KEY -->``, one per study) and the plots. Finished runs in ``DIR`` are reused,

@@ -1,8 +1,9 @@
-"""README's routing-replay table: on the embedded MoE model, hf-generate (bf16) against the hf
-backend (fp32, bf16) without replay, replaying the engine's expert ids, and its ids and combine
-weights; 32 prompts x (512 + 128) tokens, sampling seeds 0-2, mean (min-max) over the seeds.
+"""The routing-replay table of docs/moe.md: on the embedded MoE model, hf-generate (bf16)
+against the hf backend (fp32, bf16) without replay, replaying the engine's expert ids, and its
+ids and combine weights; 32 prompts x (512 + 128) tokens, sampling seeds 0-2, mean (min-max)
+over the seeds.
 
-    python docs/scripts/moe_replay_table.py
+    python tools/moe_replay_table.py
 """
 
 import statistics

@@ -1,4 +1,5 @@
-"""Two of run.sh's GPU failures reproduced outside the suites, to say which side is wrong.
+"""Two GPU failures of tools/gpu_run_2026-11-26-h200.sh reproduced outside the suites, to say
+which side is wrong (docs/evidence/gpu/2026-11-26-h200/README.md).
 
 padding (fp32): certify's shrunk case, a 1-token prompt left-padded to 65 beside a 65-token one,
 one token sampled at T = 0.7. Per row: the log-prob hf-generate reports for the token it
@@ -8,7 +9,9 @@ padding: what the trainer computes), under each attention kernel.
 determinism (bf16): certify's case (1 x 512-token prompt, seed 519, 128 tokens) generated four
 times per attention kernel; where the tokens, and before them the log-probs, first differ.
 
-    python diagnose.py MODEL CASES [--deterministic]
+    python tools/gpu_diagnose_kernels.py MODEL CASES [--deterministic]
+
+with CASES = docs/evidence/gpu/2026-11-26-h200/cases.
 """
 
 import json

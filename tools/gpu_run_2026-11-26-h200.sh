@@ -2,7 +2,7 @@
 # The one device call behind this folder (device time is 15 minutes a session, so the runs go
 # side by side on the one GPU, each under `timeout`: a run cut short ends INCOMPLETE with its
 # report.json, as certify does on SIGTERM). Run from the repository root; results land in $OUT.
-#   big model (8 layers x 512 wide x 8,192 vocab, qwen3, the README transfer table's recipe):
+#   big model (8 layers x 512 wide x 8,192 vocab, qwen3, docs/transfer.md's recipe):
 #     default certify in fp32 and bf16 (the model's own profile, calibrated first), then the
 #     ConstantBias 0.01 broken engine on rollout parity under that own bf16 profile
 #   embedded model: deep certify in bf16 (shipped bf16 profile, 3 examples a property: the
