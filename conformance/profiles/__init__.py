@@ -14,7 +14,10 @@ a small bias (a calibrated bf16 k1 bound 0.012 → 0.018). ``min_pooled_tokens``
 a pooled bound (an average, spread or correlation) is judged on: a calibrated profile sets it to
 the smallest pool its bounds were measured on; a mean over fewer tokens strays further from its
 ideal than the calibration saw (one token's log-ratio is its own mean), so such a pool is
-reported but not judged. ``[provenance]`` is what ``tim-conformance calibrate`` measured the
+reported but not judged (:meth:`Profile.unjudged` says so, per metric). A bound widened for
+the smaller pool was measured and not adopted: every broken engine's pool of 4 or more tokens
+it failed already broke a per-example bound, and at one or two tokens it failed sound pools
+(docs/report-json.md, "Small pools"). ``[provenance]`` is what ``tim-conformance calibrate`` measured the
 profile on: the models' sha256, the device, the versions, sizes and seeds. Metric names, which
 side of a threshold is a violation and which metrics are pooled come from
 :mod:`conformance.metric_table`.
