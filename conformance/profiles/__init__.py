@@ -17,8 +17,9 @@ ideal than the calibration saw (one token's log-ratio is its own mean), so such 
 reported but not judged (:meth:`Profile.unjudged` says so, per metric). A bound widened for
 the smaller pool was measured and not adopted: every broken engine's pool of 4 or more tokens
 it failed already broke a per-example bound, and at one or two tokens it failed sound pools
-(docs/report-json.md, "Small pools"). ``[provenance]`` is what ``tim-conformance calibrate`` measured the
-profile on: the models' sha256, the device, the versions, sizes and seeds. Metric names, which
+(docs/report-json.md, "Small pools"). ``[provenance]`` is what ``tim-conformance calibrate``
+measured the profile on: the models' sha256, the device, the versions, sizes and seeds. Metric
+names, which
 side of a threshold is a violation and which metrics are pooled come from
 :mod:`conformance.metric_table`.
 """
