@@ -19,8 +19,7 @@ the smaller pool was measured and not adopted: every broken engine's pool of 4 o
 it failed already broke a per-example bound, and at one or two tokens it failed sound pools
 (docs/report-json.md, "Small pools"). ``[provenance]`` is what ``tim-conformance calibrate``
 measured the profile on: the models' sha256, the device, the versions, sizes and seeds. Metric
-names, which
-side of a threshold is a violation and which metrics are pooled come from
+names, which side of a threshold is a violation and which metrics are pooled come from
 :mod:`conformance.metric_table`.
 """
 
