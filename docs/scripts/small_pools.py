@@ -5,8 +5,11 @@ decode-vs-prefill suite compares; and vs the ``hf`` backend, as the rollout suit
 embedded model, pools whole rollouts into pools of n tokens, and prints, per n, the largest
 ratio of a pooled metric's distance from its ideal to its bound's (the profile's, as
 ``Profile.check`` holds a pool of ``min_pooled_tokens`` or more), next to √(min / n): a bound
-widened by that factor would hold the pool where the ratio stays below it. The broken engines
-from ``tests/support/engines.py`` show what such a widened bound would catch.
+widened by that factor would hold the pool where the ratio stays below it. It also counts the
+pools the widened bound fails, those holding a rollout that breaks a per-example bound (which
+fails a check at any pool size), and those the widened bound alone fails. The broken engines
+from ``tests/support/engines.py`` show what such a widened bound would add; docs/report-json.md
+("Small pools") holds the numbers and the decision.
 
 Run from the repository root (a few minutes on one CPU core):
 
