@@ -34,11 +34,13 @@ SIDES = ("the backend's (lp_train)", "the engine's (lp_infer)")
 
 
 @dataclass
-class Failure:
-    """An example that failed: its case and what it measured (if it got that far)."""
+class Example:
+    """One example of a check (a failing one, or the worst): its case, what it measured and
+    which of the check's measured examples it was (1 for the first), if it got that far."""
 
     case: dict[str, Any] | None
     metrics: dict[str, float] | None
+    number: int | None = None
 
 
 @dataclass
@@ -61,13 +63,17 @@ class CheckRecord:
     extra: dict[str, float] = field(default_factory=dict)
     #: what sets the check apart from the stack's own run (e.g. a variant engine's options)
     context: dict[str, Any] = field(default_factory=dict)
-    worst: tuple[float, dict[str, Any] | None, dict[str, float]] | None = None
+    #: the example with the largest max |log ρ| (NaN/inf tokens first), with that severity
+    worst: tuple[float, Example] | None = None
     examples_run: int = 0
+    #: the running example's number among the measured ones (``examples_run`` once it
+    #: measured; 0 until then)
+    example: int = 0
     #: the running example's announced case and last measurement
     case: dict[str, Any] | None = None
     metrics: dict[str, float] | None = None
     #: the last failing example per failure origin (the shrunk one once Hypothesis is done)
-    failures: dict[tuple[str, str, int], Failure] = field(default_factory=dict)
+    failures: dict[tuple[str, str, int], Example] = field(default_factory=dict)
     #: wall-clock marks for shrinking: the first failure, and the last example
     first_failure_at: float | None = None
     last_example_at: float = 0.0
@@ -115,7 +121,7 @@ class CheckRecord:
             "position": position[::stride].tolist(),
         }
 
-    def failure_for(self, exc: BaseException | None) -> Failure | None:
+    def failure_for(self, exc: BaseException | None) -> Example | None:
         """The recorded failing example behind ``exc`` (by origin), else the last failure."""
         if exc is not None and origin(exc) in self.failures:
             return self.failures[origin(exc)]
@@ -216,6 +222,7 @@ class Recorder:
         infer, _ = stack_ragged(infer_rows)
         metrics = _safe_metrics(mismatch_metrics, train, infer, mask)
         record.examples_run += 1
+        record.example = record.examples_run
         for i, (t, n) in enumerate(zip(train_rows, infer_rows, strict=True)):
             where = torch.as_tensor(positions[i]) if positions else torch.arange(t.numel())
             if contexts is not None:
@@ -242,7 +249,7 @@ class Recorder:
         record.metrics = metrics
         severity = metrics.get("abs_diff_max", 0.0) + metrics["nonfinite_tokens"]
         if record.worst is None or severity > record.worst[0]:
-            record.worst = (severity, record.case, metrics)
+            record.worst = (severity, Example(record.case, metrics, record.example or None))
         self._log(
             event="measurement",
             suite=record.suite,
@@ -315,12 +322,14 @@ class Recorder:
             suite=record.suite,
         )
         if violations and record.worst is not None:
-            record.case = record.worst[1]
+            worst = record.worst[1]
+            # the failure is kept as the worst example's (``example_failed``)
+            record.case, record.example = worst.case, worst.number or 0
             self._raise(
                 ProfileViolation,
                 f"{_describe(violations)} over all {record.examples_run} examples pooled "
                 f"(profile {self._profile.name}); the worst example below",
-                record.worst[2],
+                worst.metrics,
             )
 
     def fail(self, headline: str, metrics: dict[str, float] | None = None) -> NoReturn:
@@ -372,6 +381,7 @@ class Recorder:
     def begin_example(self) -> None:
         record = self._require_check()
         record.case = record.metrics = None
+        record.example = 0
         record.nonfinite_at = ""
         if record.first_failure_at is not None:
             record.examples_after_failure += 1
@@ -380,7 +390,7 @@ class Recorder:
         """Keep the failing example's case under its origin (a later, smaller one replaces it)."""
         record = self._require_check()
         now = time.perf_counter()
-        record.failures[origin(exc)] = Failure(record.case, record.metrics)
+        record.failures[origin(exc)] = Example(record.case, record.metrics, record.example or None)
         if record.first_failure_at is None:
             record.first_failure_at = now
 

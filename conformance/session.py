@@ -224,13 +224,14 @@ class HarnessSession:
         metrics, tokens = record.pooled(), record.tokens()
         uncovered = [*record.remarks, self._unjudged_pool(tokens)]
         failure = record.failure_for(exc) if outcome.status != "pass" else None
-        case, case_metrics = (
-            (failure.case, failure.metrics)
+        named = (
+            failure
             if failure is not None and failure.case is not None
-            else (record.worst[1], record.worst[2])
+            else record.worst[1]
             if record.worst
-            else (None, None)
+            else None
         )
+        case = named.case if named else None
         # an example that failed inside a check that passes (a rerun judged it) was not shrunk
         shrink = record.shrink(self.spec.shrink_seconds) if failure is not None else None
         check = Check(
@@ -247,8 +248,10 @@ class HarnessSession:
             violations=(
                 self.profile.check(metrics, tokens=tokens, suite=record.suite) if metrics else []
             ),
+            not_judged=self.profile.unjudged(metrics, tokens=tokens, suite=record.suite),
             worst_case={**case, "replay": self.replay_command(record.nodeid)} if case else None,
-            worst_case_metrics=case_metrics,
+            worst_case_metrics=named.metrics if named else None,
+            worst_case_example=named.number if case else None,
             shrink=Shrink(**shrink) if shrink else None,
             samples=record.samples(),
             examples_run=record.examples_run,
@@ -262,14 +265,8 @@ class HarnessSession:
 
     def _unjudged_pool(self, tokens: int) -> str:
         """What a check says when its pool was too small for the profile's pooled bounds."""
-        if not tokens or self.profile.judges_pool(tokens):
-            return ""
-        profile = self.profile
-        return (
-            f"pooled bounds not judged: {tokens} token{'s' * (tokens != 1)} measured, profile "
-            f"{profile.name}'s are calibrated on pools of {profile.min_pooled_tokens} or more "
-            "(run more examples to judge them)"
-        )
+        why = self.profile.small_pool(tokens) if tokens else ""
+        return f"pooled bounds not judged: {why} (run more examples to judge them)" if why else ""
 
     def replay_command(self, nodeid: str) -> str:
         args = ["pytest", nodeid, *self.spec.pytest_args(), f"--hypothesis-seed={self.seed}"]

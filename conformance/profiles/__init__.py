@@ -14,9 +14,12 @@ a small bias (a calibrated bf16 k1 bound 0.012 → 0.018). ``min_pooled_tokens``
 a pooled bound (an average, spread or correlation) is judged on: a calibrated profile sets it to
 the smallest pool its bounds were measured on; a mean over fewer tokens strays further from its
 ideal than the calibration saw (one token's log-ratio is its own mean), so such a pool is
-reported but not judged. ``[provenance]`` is what ``tim-conformance calibrate`` measured the
-profile on: the models' sha256, the device, the versions, sizes and seeds. Metric names, which
-side of a threshold is a violation and which metrics are pooled come from
+reported but not judged (:meth:`Profile.unjudged` says so, per metric). A bound widened for
+the smaller pool was measured and not adopted: every broken engine's pool of 4 or more tokens
+it failed already broke a per-example bound, and at one or two tokens it failed sound pools
+(docs/report-json.md, "Small pools"). ``[provenance]`` is what ``tim-conformance calibrate``
+measured the profile on: the models' sha256, the device, the versions, sizes and seeds. Metric
+names, which side of a threshold is a violation and which metrics are pooled come from
 :mod:`conformance.metric_table`.
 """
 
@@ -86,20 +89,43 @@ class Profile:
         (``None``: a pool of unknown size, judged)."""
         return tokens is None or tokens >= self.min_pooled_tokens
 
+    def small_pool(self, tokens: int | None) -> str:
+        """Why a pool of ``tokens`` tokens is not held to the pooled bounds, in a phrase
+        (empty when it is: :meth:`judges_pool`)."""
+        if self.judges_pool(tokens):
+            return ""
+        return (
+            f"pool of {tokens} token{'s' * (tokens != 1)}, below profile {self.name}'s "
+            f"min_pooled_tokens {self.min_pooled_tokens} (the smallest pool its pooled bounds "
+            "are calibrated on)"
+        )
+
+    def unjudged(
+        self, metrics: Mapping[str, float], *, tokens: int | None = None, suite: str | None = None
+    ) -> dict[str, str]:
+        """Of the metrics both measured and bounded, those :meth:`check` does not hold to their
+        bound, each with why (the pooled ones of a pool too small: :meth:`small_pool`)."""
+        why = self.small_pool(tokens)
+        if not why:
+            return {}
+        return {
+            name: why
+            for name in self.bounds(suite, tokens)
+            if name in metrics and metric(name).scope == "pooled"
+        }
+
     def check(
         self, metrics: Mapping[str, float], *, tokens: int | None = None, suite: str | None = None
     ) -> list[Violation]:
         """Violations among the metrics both measured and bounded (by :meth:`bounds`); NaN
-        always violates. ``tokens`` is how many tokens ``metrics`` pool: the pooled metrics of
-        a pool the profile does not judge (:meth:`judges_pool`) are left out."""
+        always violates. ``tokens`` is how many tokens ``metrics`` pool: the metrics
+        :meth:`unjudged` names (the pooled ones of a pool too small) are left out."""
         violations = []
-        pooled = self.judges_pool(tokens)
+        unjudged = self.unjudged(metrics, tokens=tokens, suite=suite)
         for name, threshold in self.bounds(suite, tokens).items():
-            if name not in metrics:
+            if name not in metrics or name in unjudged:
                 continue
             fact, value = metric(name), float(metrics[name])
-            if fact.scope == "pooled" and not pooled:
-                continue
             if fact.violates(value, threshold):
                 violations.append(
                     Violation(metric=name, value=value, threshold=threshold, bound=fact.bound)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from conformance.metric_table import BY_NAME, worst_metrics
+from conformance.metric_table import BY_NAME, HEADLINE_METRICS, worst_metrics
 from conformance.report import plots
 from conformance.report.html import Markup, as_text, code_block, esc, join, page, table, tag
 from conformance.report.schema import Check, Report, as_report
@@ -254,7 +255,8 @@ def suite_section(name: str, checks: list[Check]) -> Markup:
 
 
 def metric_table(checks: list[Check]) -> Markup:
-    """Per metric: its bound, the threshold, the worst measured value and a pass/fail mark."""
+    """Per metric: its bound, the threshold, the worst measured value, the check whose pool it
+    is, and a mark: failed, passed, or not judged (with the reason the check recorded)."""
     thresholds: dict[str, float] = {}
     for check in checks:
         for metric, value in check.thresholds.items():
@@ -266,27 +268,75 @@ def metric_table(checks: list[Check]) -> Markup:
     rows = []
     for metric in names:
         bound = thresholds.get(metric)
-        sign = _sign(metric)
-        if bound is None:
-            mark: object = ""
-        elif violated[metric]:
-            mark = _mark("fail", f"✘ {violated[metric]} of {len(checks)}")
-        else:
-            mark = _mark("pass")
+        source = _worst_source(metric, worst.get(metric), checks)
         rows.append(
             [
                 tag("code", metric),
-                "" if bound is None else f"{sign} {as_text(bound)}",
+                "" if bound is None else f"{_sign(metric)} {as_text(bound)}",
                 worst.get(metric),
-                mark,
+                tag("code", source.name) if source else "",
+                "" if bound is None else _judged_mark(metric, violated[metric], checks),
             ]
         )
     # long tables side by side in two halves: a suite's 18 metrics fit one screen
     halves = (
         [rows[: (len(rows) + 1) // 2], rows[(len(rows) + 1) // 2 :]] if len(rows) > 8 else [rows]
     )
-    headers = ["metric", "threshold", "worst measured", ""]
-    return tag("div", join(table(headers, half, cls="metrics") for half in halves), cls="tables")
+    headers = ["metric", "threshold", "worst measured", "from", ""]
+    pools = [
+        f"{c.name}: {_pool(c)}" + (f" ({reason})" if (reason := _not_judged(c)) else "")
+        for c in checks[:MAX_LISTED_CHECKS]
+        if c.metrics
+    ]
+    notes = (
+        "worst measured: a metric's worst value over the checks, each pooled over every example "
+        "the check ran (a failing case below shows its own example's values); not judged: a "
+        "bound the check's verdict did not apply, for the reason given here — "
+    )
+    return join(
+        [
+            tag("div", join(table(headers, half, cls="metrics") for half in halves), cls="tables"),
+            tag("p", notes + "; ".join(pools), cls="sub") if pools else "",
+        ]
+    )
+
+
+def _not_judged(check: Check) -> str:
+    """The distinct reasons ``check`` recorded for bounds it did not apply, with how many
+    metrics each."""
+    reasons = Counter(check.not_judged.values())
+    return "; ".join(f"{n} metric{'s' * (n != 1)} not judged: {why}" for why, n in reasons.items())
+
+
+def _worst_source(metric: str, value: float | None, checks: list[Check]) -> Check | None:
+    """The first check whose pooled ``metric`` is ``value`` (the worst the table shows)."""
+    if value is None:
+        return None
+    for check in checks:
+        mine = check.metrics.get(metric)
+        if mine is not None and (mine == value or (math.isnan(mine) and math.isnan(value))):
+            return check
+    return None
+
+
+def _judged_mark(metric: str, violated: int, checks: list[Check]) -> Markup:
+    """Failed in some checks; else passed where judged, and not judged where a check recorded
+    why (``Check.not_judged``): a metric no check judged never reads as passed."""
+    measured = [c for c in checks if metric in c.metrics]
+    unjudged = [c for c in measured if metric in c.not_judged]
+    if violated:
+        return _mark("fail", f"✘ {violated} of {len(checks)}")
+    if not unjudged:
+        return _mark("pass")
+    reasons = "; ".join(dict.fromkeys(c.not_judged[metric] for c in unjudged))
+    if len(unjudged) == len(measured):
+        return tag("span", "– not judged", cls="mark skip", title=reasons)
+    return join(
+        [
+            _mark("pass", f"✔ pass in {len(measured) - len(unjudged)} of {len(measured)}"),
+            tag("span", f", not judged in {len(unjudged)}", cls="mark skip", title=reasons),
+        ]
+    )
 
 
 def failing_case(check: Check) -> Markup:
@@ -317,7 +367,20 @@ def failing_case(check: Check) -> Markup:
             for v in violations
         ]
         parts.append(
-            tag("div", join([tag("span", "violated: ", cls="k"), *items]), cls="violations")
+            tag(
+                "div",
+                join(
+                    [
+                        tag(
+                            "span",
+                            f"violated, over the check's pool of {_pool(check)}: ",
+                            cls="k",
+                        ),
+                        *items,
+                    ]
+                ),
+                cls="violations",
+            )
         )
     shrink = check.shrink
     if shrink is not None:
@@ -329,8 +392,34 @@ def failing_case(check: Check) -> Markup:
         )
         parts.append(tag("p", f"{how} ({shrink.examples} examples)", cls="sub"))
     if check.worst_case is not None:
+        if which := _case_values(check):
+            parts.append(tag("p", which, cls="sub"))
         parts.append(reproducer(check.worst_case))
     return tag("div", join(parts), cls="case")
+
+
+def _case_values(check: Check) -> str:
+    """Which example the case below is, and what it measured alone (the violated metrics, else
+    the headline ones): the numbers the failure message quotes, not the pool's."""
+    number = check.worst_case_example
+    measured = check.worst_case_metrics or {}
+    names = [v.metric for v in check.violations if v.metric in measured] or [
+        m for m in HEADLINE_METRICS if m in measured
+    ]
+    values = ", ".join(f"{m} {as_text(measured[m])}" for m in dict.fromkeys(names))
+    parts = [
+        f"example {number} of the {check.examples_run} the pool holds" if number else "",
+        f"alone it measured {values}" if values else "",
+    ]
+    said = "; ".join(filter(None, parts))
+    return f"the case below: {said}" if said else ""
+
+
+def _pool(check: Check) -> str:
+    """What a check's pooled metrics pool: ``218 tokens from 26 examples`` (files from before
+    ``tokens`` say the examples only)."""
+    tokens = "" if check.tokens is None else f"{check.tokens} tokens from "
+    return f"{tokens}{check.examples_run} examples"
 
 
 def reproducer(case: Mapping[str, Any]) -> Markup:

@@ -141,9 +141,17 @@ class Check(Record):
     #: the profile's thresholds of the measured metrics
     thresholds: dict[str, float] = field(default_factory=dict)
     violations: list[Violation] = field(default_factory=list)
+    #: metric → why the profile did not hold it to its threshold (the pooled metrics of a pool
+    #: smaller than the profile's ``min_pooled_tokens``): its threshold is shown, not applied;
+    #: empty when every bounded metric was judged, and in files from before the field
+    not_judged: dict[str, str] = field(default_factory=dict)
     #: the case of the failure the check names (else its worst example), with ``replay``
     worst_case: dict[str, Any] | None = None
+    #: what ``worst_case`` measured alone (``metrics`` pool every example the check ran)
     worst_case_metrics: dict[str, float] | None = None
+    #: which of the check's ``examples_run`` measured examples ``worst_case`` is (1 for the
+    #: first); None where it measured nothing, and in files from before the field
+    worst_case_example: int | None = None
     shrink: Shrink | None = None
     #: down-sampled token points for the plots: ``lp_train``, ``lp_infer``, ``position``
     samples: dict[str, list[float]] | None = None

@@ -231,6 +231,23 @@ def test_a_pool_below_the_calibrated_size_is_held_to_the_per_example_bounds_only
     assert {v.metric for v in fp32.check(far, tokens=1)} == {"abs_diff_max"}
 
 
+def test_what_check_leaves_out_of_a_small_pool_is_named_with_why() -> None:
+    """``unjudged`` names exactly the bounded metrics ``check`` skips — the pooled ones, and
+    only below ``min_pooled_tokens`` — each with the pool's size and the profile's minimum."""
+    fp32 = load_profile("fp32")
+    lp = torch.tensor([[-2.0, -1.0, -3.0]], dtype=torch.float64)
+    far = mismatch_metrics(lp, lp + 1.0, torch.ones_like(lp, dtype=torch.bool))
+    every = {v.metric for v in fp32.check(far)}
+    small = fp32.min_pooled_tokens - 1
+    unjudged = fp32.unjudged(far, tokens=small)
+    assert set(unjudged) == {m for m in fp32.thresholds if m in far} - EXAMPLE_METRICS
+    assert {v.metric for v in fp32.check(far, tokens=small)} == every - set(unjudged)
+    assert all(
+        f"{small} tokens" in why and str(fp32.min_pooled_tokens) in why for why in unjudged.values()
+    )
+    assert fp32.unjudged(far, tokens=fp32.min_pooled_tokens) == {} == fp32.unjudged(far)
+
+
 # --- the calibration on the real reference stack --------------------------------------------
 
 

@@ -27,7 +27,14 @@ from .reports import make_report
 REAL = Path(__file__).parent / "data" / "schema1-bf16-prefill.json"
 #: the fields early schema-1 files lack, per report and per check
 LATER = ("depth", "timing", "fix", "scope")
-LATER_PER_CHECK = ("shrink", "seconds", "worst_case_metrics", "tokens")
+LATER_PER_CHECK = (
+    "shrink",
+    "seconds",
+    "worst_case_metrics",
+    "tokens",
+    "not_judged",
+    "worst_case_example",
+)
 LATER_PER_PROFILE = ("min_pooled_tokens", "provenance", "foreign", "suites", "max_pooled_tokens")
 
 
@@ -66,6 +73,7 @@ def test_early_files_without_the_later_fields_read_with_defaults(tmp_path) -> No
     assert report.depth is None and report.timing is None and report.scope is None
     (check,) = report.checks
     assert check.shrink is None and check.seconds is None and check.worst_case_metrics is None
+    assert check.not_judged == {} and check.worst_case_example is None
     # a pool of unknown size is judged, as it was when the file was written
     assert check.tokens is None and report.profile.min_pooled_tokens == 1
     assert report.to_json()["timing"] is None  # written back in the current layout
@@ -98,14 +106,16 @@ def test_gate_certificate_summary_and_page_read_early_and_current_files_alike(
     assert certificates[0]["metrics"]["prefill_parity"]["abs_diff_max"] > 1e-3
     lines = [verdict_lines(load_report(path), None) for path in (old, current)]
     assert lines[0] == lines[1] and "verdict: NOT CERTIFIED" in lines[0][-2]
-    # the page says how long shrinking took and where the profile was calibrated when the file
-    # says so, and is otherwise the same
+    # the page says how long shrinking took, where the profile was calibrated, how many tokens a
+    # check pooled and what its case measured alone when the file says so, and is otherwise the
+    # same
     old_page, page = (render_html(load_report(path)) for path in (old, current))
     assert "shrunk in" not in old_page and "no [provenance]" in old_page
     calibrated = r"<td>calibrated on</td><td>[^<]*</td>"
     shipped = "qwen2 60019ed3e253, qwen2 d3d40784f6d2, llama 0f1e10a4893a on cpu x86_64"
     assert shipped in re.search(calibrated, page).group()
     without = re.sub(r'<p class="sub">shrunk in [^<]*</p>', "", re.sub(calibrated, "", page))
+    without = re.sub(r'\d+ tokens from |<p class="sub">the case below: [^<]*</p>', "", without)
     assert without == re.sub(calibrated, "", old_page) != page
 
 
