@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import configparser
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -89,3 +90,30 @@ def test_clone_finds_its_top_level_suites():
     from conformance.suites_location import suites_folder
 
     assert suites_folder() == REPO / "suites"
+
+
+@pytest.mark.parametrize("installed", [True, False], ids=["wheel", "clone"])
+def test_a_failure_replay_names_the_suite_file_from_where_the_run_started(
+    wheel, tmp_path, monkeypatch, installed
+):
+    """certify runs pytest with its rootdir at the suites' parent: a wheel's node ids are then
+    relative to the installed package, where the user is not; the replay names a file they can
+    run, and in a clone run from its root stays ``suites/…`` as before."""
+    from conformance.session import HarnessSession
+    from conformance.stack import StackSpec
+
+    if installed:
+        zipfile.ZipFile(wheel).extractall(tmp_path / "site-packages")
+        rootdir, started = tmp_path / "site-packages" / "conformance", tmp_path / "project"
+        started.mkdir()
+    else:
+        rootdir = started = REPO
+    monkeypatch.chdir(started)
+    session = HarnessSession(StackSpec(), seed=7, report_dir=None, command="", rootdir=rootdir)
+    nodeid = "suites/test_prefill_parity.py::test_prefill_parity"
+    command = shlex.split(session.replay_command(nodeid))
+    target, test = command[1].split("::")
+    assert (started / target).resolve() == (rootdir / "suites/test_prefill_parity.py").resolve()
+    assert (started / target).is_file() and test == "test_prefill_parity"
+    assert Path(target).is_absolute() == installed
+    assert command[0] == "pytest" and "--hypothesis-seed=7" in command
