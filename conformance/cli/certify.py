@@ -103,7 +103,10 @@ def run(args: argparse.Namespace) -> int:
             return _interrupted_before_suites(spec, out, seed, str(exc) or "Ctrl-C", "preflight")
         suites = args.suites or suites_folder()
         if not suites.is_dir():
-            raise UsageError(f"suites folder {suites} not found", "pass --suites DIR")
+            raise UsageError(
+                f"suites folder {suites} not found",
+                "pass --suites an existing folder, or leave it out to run the installed suites",
+            )
         if training_values(vars(args)) and not args.rl_smoke:
             raise UsageError(
                 "RL training options without --rl-smoke", "add --rl-smoke or drop them"
