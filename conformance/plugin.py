@@ -118,6 +118,7 @@ def activate(config: pytest.Config) -> HarnessSession:
             seed=seed,
             report_dir=Path(report) if report else None,
             command=_command(config),
+            rootdir=Path(config.rootpath),
         )
     except ConformanceError as exc:
         raise pytest.UsageError(str(exc)) from None

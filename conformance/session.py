@@ -29,7 +29,13 @@ class HarnessSession:
     """State of one run, kept in ``config.stash`` by the plugin and used by certify."""
 
     def __init__(
-        self, spec: StackSpec, *, seed: int, report_dir: Path | None, command: str
+        self,
+        spec: StackSpec,
+        *,
+        seed: int,
+        report_dir: Path | None,
+        command: str,
+        rootdir: Path | None = None,
     ) -> None:
         from conformance.profiles import load_profile
 
@@ -37,6 +43,9 @@ class HarnessSession:
         self.seed = seed
         self.report_dir = report_dir
         self.command = command
+        #: the folder pytest's node ids are relative to (None: the one the run started in)
+        self.rootdir = rootdir
+        self._started_in = Path.cwd()
         self.profile = load_profile(spec.profile)
         self.recorder = Recorder(self.profile, log=self.log, replay=self.replay_command)
         self.checks: list[Check] = []
@@ -269,7 +278,19 @@ class HarnessSession:
         return f"pooled bounds not judged: {why} (run more examples to judge them)" if why else ""
 
     def replay_command(self, nodeid: str) -> str:
-        args = ["pytest", nodeid, *self.spec.pytest_args(), f"--hypothesis-seed={self.seed}"]
+        """The pytest command that reruns ``nodeid`` on this stack and seed, from the folder
+        the run started in."""
+        target = nodeid
+        if self.rootdir is not None:
+            # node ids are relative to pytest's rootdir, which certify sets to the suites'
+            # parent: the clone's root, or the installed package's folder (a wheel's suites),
+            # which a user's pytest does not start in
+            file, sep, rest = nodeid.partition("::")
+            path = self.rootdir / file
+            if path.is_relative_to(self._started_in):
+                path = path.relative_to(self._started_in)
+            target = f"{path.as_posix()}{sep}{rest}"
+        args = ["pytest", target, *self.spec.pytest_args(), f"--hypothesis-seed={self.seed}"]
         return shlex.join(args)
 
     # -- the summary ---------------------------------------------------------------------

@@ -17,9 +17,8 @@ from conformance import env, releases
 from conformance.errors import EngineCrashed, UsageError
 from conformance.options import STACK_OPTIONS, add_stack_options, pyproject_table, resolve
 from conformance.rl.options import add_training_options, pytest_args, training_values
+from conformance.suites_location import suites_folder
 
-#: the suites shipped next to the package (a clone installed with ``pip install -e .``)
-DEFAULT_SUITES = Path(__file__).resolve().parents[2] / "suites"
 DEFAULT_SEED = 0
 
 EPILOG = """exit status: 0 certified, 1 not certified, 2 usage/environment error or incomplete run
@@ -53,7 +52,10 @@ def add_parser(subparsers: Any) -> None:
         "--out", type=Path, default=None, help="report folder (default: reports/<timestamp>/)"
     )
     parser.add_argument(
-        "--suites", type=Path, default=DEFAULT_SUITES, help="suites folder (default: %(default)s)"
+        "--suites",
+        type=Path,
+        default=None,
+        help="suites folder (default: the suites installed with tim-conformance)",
     )
     parser.add_argument(
         "--suite",
@@ -99,10 +101,11 @@ def run(args: argparse.Namespace) -> int:
             spec = spec.preflight()
         except KeyboardInterrupt as exc:
             return _interrupted_before_suites(spec, out, seed, str(exc) or "Ctrl-C", "preflight")
-        if not args.suites.is_dir():
+        suites = args.suites or suites_folder()
+        if not suites.is_dir():
             raise UsageError(
-                f"suites folder {args.suites} not found",
-                "pass --suites DIR, or install from a clone with `pip install -e .`",
+                f"suites folder {suites} not found",
+                "pass --suites an existing folder, or leave it out to run the installed suites",
             )
         if training_values(vars(args)) and not args.rl_smoke:
             raise UsageError(
@@ -110,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
             )
         extra = ["--tim-rl-smoke", *pytest_args(vars(args))] if args.rl_smoke else []
         try:
-            code = _run_suites(spec, _suite_paths(args.suites, args.suite), out, seed, extra)
+            code = _run_suites(spec, _suite_paths(suites, args.suite), out, seed, extra)
         except KeyboardInterrupt:
             # taken as pytest started (importing it, reading its configuration): the plugin
             # reports an interrupt only from its session on
@@ -220,6 +223,11 @@ def _run_suites(spec: Any, suites: list[Path], out: Path, seed: int, extra: list
         "-q",
         "-p",
         "no:cacheprovider",
+        # certify imported the harness (and torch, transformers) before pytest started, so
+        # pytest cannot rewrite the asserts of the plugins installed with them (the harness
+        # itself, from a wheel); the suites' own asserts are rewritten all the same
+        "-W",
+        "ignore::pytest.PytestAssertRewriteWarning",
         f"--rootdir={folder.parent}",
     ]
     print(f"tim-conformance: certifying {spec.engine} vs {spec.backend} -> {out}", flush=True)

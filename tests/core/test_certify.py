@@ -131,6 +131,7 @@ def test_engine_dying_mid_run_keeps_measurements_and_is_incomplete(tmp_path, cli
         (["--examples", "zero"], "examples"),
         (["--engine-option", "novalue"], "KEY=VALUE"),
         (["--no-such-flag"], "--no-such-flag"),
+        (["--suites", "/nonexistent/suites"], "/nonexistent/suites"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_fix(tmp_path, cli_env, args, named):

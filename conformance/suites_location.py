@@ -1,0 +1,40 @@
+"""Where the conformance suites are, for a clone and for an installed wheel alike.
+
+The repository keeps its suites in the top-level ``suites/`` folder (``pytest suites/`` from a
+clone); setup.py maps that folder into the wheel as the package ``conformance.suites``
+(``pytest --pyargs conformance.suites`` once installed). This module is the one place that
+decides which of the two a run uses.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import conformance
+from conformance.errors import UsageError
+
+#: the package the suites are installed as
+SUITES_PACKAGE = "conformance.suites"
+
+
+def suites_folder() -> Path:
+    """The folder of the suites ``certify`` runs by default.
+
+    A clone (the package imported from it, editable or on ``PYTHONPATH``): its own top-level
+    ``suites/`` — checked first, because importlib alone could answer with another clone's
+    folder, where an editable install of that one maps ``conformance.suites``. Installed from a
+    wheel: the package ``conformance.suites``, found by importlib.
+    """
+    clone = Path(conformance.__file__).resolve().parents[1]
+    if (clone / "pyproject.toml").is_file() and (clone / "suites" / "conftest.py").is_file():
+        return clone / "suites"
+    spec = importlib.util.find_spec(SUITES_PACKAGE)
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    raise UsageError(
+        f"the conformance suites are not installed (no package {SUITES_PACKAGE} next to "
+        f"{Path(conformance.__file__).parent})",
+        "reinstall tim-conformance from its wheel or a clone (`pip install .`), or pass "
+        "--suites DIR",
+    )
