@@ -7,6 +7,7 @@ import argparse
 import inspect
 import math
 from pathlib import Path
+from typing import Any
 
 from conformance.errors import UsageError
 from conformance.models import ARCHS, make_model
@@ -64,11 +65,16 @@ def run(args: argparse.Namespace) -> int:
                 "drop --" + " and --".join(given),
             )
         return _convert(args.dir, args.from_gguf)
-    shape = {name: getattr(args, name) for name in given}
-    stats = make_model(args.dir, **{**args.random_defaults, **shape})
+    stats = make_model(args.dir, **random_shape(args))
     print(f"wrote {stats.path} ({stats.arch}, seed {stats.seed}, {stats.n_params:,} parameters)")
     _print_peakedness(stats.median_max_prob, stats.mean_entropy, stats.vocab)
     return 0
+
+
+def random_shape(args: argparse.Namespace) -> dict[str, Any]:
+    """The random model's arguments: those given, ``make_model``'s defaults for the rest."""
+    given = {name: getattr(args, name) for name in RANDOM_MODEL_OPTIONS}
+    return {**args.random_defaults, **{k: v for k, v in given.items() if v is not None}}
 
 
 def _convert(out_dir: Path, source: str) -> int:

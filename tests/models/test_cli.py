@@ -11,6 +11,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from conformance.cli import make_parser
+from conformance.cli.make_model import random_shape
 from conformance.errors import UsageError
 from conformance.models import inspect_model
 from conformance.models.cache import DEFAULT_MODEL
@@ -38,8 +39,25 @@ def test_writes_the_model_and_prints_its_stats(
 
 
 def test_without_options_it_makes_the_default_model() -> None:
-    args = vars(_parse("DIR"))
-    assert {name: args[name] for name in DEFAULT_MODEL} == DEFAULT_MODEL
+    shape = random_shape(_parse("DIR"))
+    assert {name: shape[name] for name in DEFAULT_MODEL} == DEFAULT_MODEL
+
+
+def test_an_option_given_replaces_its_default_only() -> None:
+    shape = random_shape(_parse("DIR", "--layers", "3"))
+    assert shape == {**DEFAULT_MODEL, "layers": 3}
+
+
+def test_from_gguf_takes_no_random_model_option(tmp_path: Path) -> None:
+    args = _parse(str(tmp_path / "m"), "--from-gguf", "x.gguf", "--seed", "1")
+    with pytest.raises(UsageError, match=r"--seed shapes a random model.*fix: drop --seed"):
+        args.func(args)
+
+
+def test_from_gguf_names_a_missing_source(tmp_path: Path) -> None:
+    args = _parse(str(tmp_path / "m"), "--from-gguf", str(tmp_path / "absent.gguf"))
+    with pytest.raises(UsageError, match="neither a file nor an installed package"):
+        args.func(args)
 
 
 def test_rejects_an_unknown_arch() -> None:

