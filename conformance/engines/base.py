@@ -20,6 +20,7 @@ from conformance.errors import Unsupported, UsageError
 from conformance.parallel import ParallelSetting
 from conformance.releases import ReleaseRange
 from conformance.routing import Routes
+from conformance.sampling import STATED_ORDER, SamplerOrder
 
 #: token-id sequences: the prompts of a batch, or the sequences to score
 TokenBatch = Sequence[Sequence[int]]
@@ -169,6 +170,10 @@ class Engine(ABC):
     #: why the engine's completions carry no MoE routes (``Completion.routes``), or None where
     #: they do on an MoE model: the routing suite skips with this reason
     NO_ROUTES: ClassVar[str | None] = "the engine does not report the experts it routed to"
+    #: how the engine's sampler composes top-k and top-p (``conformance.sampling``): an engine
+    #: that does not follow the stated sampler (top-k, then top-p over the renormalised rest)
+    #: declares its own order here, and its sampled tokens are held to that
+    SAMPLER_ORDER: ClassVar[SamplerOrder] = STATED_ORDER
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -228,6 +233,9 @@ class Engine(ABC):
             info["parallel"] = {self.parallel.label: self.parallel.size(self.config.options)}
         if self.RELEASES is not None:
             info["release"] = self.RELEASES.describe()
+        if self.SAMPLER_ORDER is not STATED_ORDER:
+            # the stated order is every engine's unless declared: only a departure is recorded
+            info["sampler_order"] = self.SAMPLER_ORDER.value
         return info
 
     def close(self) -> None:
