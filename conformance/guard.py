@@ -37,10 +37,11 @@ def check_answer(
     up with its inputs (``Engine.generate``/``score``, ``Backend.recompute``); a rollout must
     end as its ``finish_reason`` says (``eos_token_id``: the model's EOS)."""
     if method == "generate":
-        prompts = args[0]
-        if len(result) != len(prompts):
+        prompts, n = args[0], (args[1].n if len(args) > 1 else 1)
+        if len(result) != len(prompts) * n:
             raise ProtocolViolation(
                 f"{label} generate() returned {len(result)} completions for {len(prompts)} prompts"
+                + (f" x n={n} samples" if n > 1 else "")
             )
         for row, completion in enumerate(result):
             if len(completion.logprobs) != len(completion.tokens):

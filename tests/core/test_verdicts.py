@@ -26,6 +26,7 @@ NAMED_CAUSES = (
     "returned rows of",
     "generate() gave completion",
     "uniformity p-value",
+    "not independent draws",
 )
 #: what the support property's failure says (``conformance.session``'s audit)
 OUTSIDE_SUPPORT = "outside the stated sampler's support"
@@ -106,6 +107,8 @@ DEFECTS = [
     # the support property, zero tolerance: sampled tokens the stated sampler cuts
     ("JointTopKTopP", ["sampler_fidelity"], {"sampler_fidelity"}, OUTSIDE_SUPPORT),
     ("OutsideSupport", ["sampler_fidelity"], {"sampler_fidelity"}, OUTSIDE_SUPPORT),
+    # right log-probs, a request's n children all one draw
+    ("IdenticalChildren", ["group_sampling"], {"group_sampling"}, "not independent draws"),
     ("StalePrefixCache", ["weight_sync"], {"weight_sync"}, "abs_diff_max"),
     ("MiddleBatchNumerics", ["batch_invariance"], {"batch_invariance"}, "profile fp32"),
     ("ZeroStopLogprob", [], {"rollout_parity"}, "abs_diff_max"),

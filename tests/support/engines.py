@@ -56,6 +56,8 @@ class UnmaskedPadding(HFGenerateEngine):
     the pad tokens, and their positions shift by the padding."""
 
     name = "unmasked-padding"
+    #: its prompts map one-to-one onto completions: n children come as repeated prompts
+    PARALLEL_SAMPLING = False
 
     def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
         width = max(map(len, prompts))
@@ -258,6 +260,8 @@ class RetokenizesBetweenTurns(HFGenerateEngine):
     the ids it was given."""
 
     name = "retokenizes-between-turns"
+    #: its prompts map one-to-one onto completions: n children come as repeated prompts
+    PARALLEL_SAMPLING = False
 
     def __init__(self, config: EngineConfig) -> None:
         from transformers import AutoTokenizer
@@ -454,6 +458,21 @@ class DeclaredJointTopKTopP(JointTopKTopP):
 
     name = "declared-joint-top-k-top-p"
     SAMPLER_ORDER = SamplerOrder.JOINT
+
+
+class IdenticalChildren(HFGenerateEngine):
+    """Samples each of a request's n children from a random stream seeded by the request's
+    seed and its prompt alone, so all n come back identical (tt-metal#53077 "this breaks GRPO
+    training", llama.cpp#18700); every child's log-probs are right."""
+
+    name = "identical-children"
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        if spec.n == 1:
+            return super().generate(prompts, spec, **kw)
+        # one draw per prompt: the stream every child of it would start from
+        drawn = super().generate(prompts, replace(spec, n=1), **kw)
+        return [copy.deepcopy(c) for c in drawn for _ in range(spec.n)]
 
 
 class StalePrefixCache(HFGenerateEngine):
