@@ -444,6 +444,8 @@ class OutsideSupport(_ProcessedScores):
         cut = torch.isinf(truncate(tempered, spec.top_k, spec.top_p))
         # seeded by the spec's seed: generate runs under torch.manual_seed(spec.seed)
         raced = (torch.rand(scores.shape[0]) < self.RATE) & cut.any(-1)
+        # a copy: generate's raw logits (the reported log-probs) may share these scores' storage
+        scores = scores.clone()
         for row in raced.nonzero().flatten().tolist():
             candidates = cut[row].nonzero().flatten()
             token = candidates[torch.randint(len(candidates), ())]
