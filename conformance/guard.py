@@ -37,10 +37,11 @@ def check_answer(
     up with its inputs (``Engine.generate``/``score``, ``Backend.recompute``); a rollout must
     end as its ``finish_reason`` says (``eos_token_id``: the model's EOS)."""
     if method == "generate":
-        prompts = args[0]
-        if len(result) != len(prompts):
+        prompts, n = args[0], (args[1].n if len(args) > 1 else 1)
+        if len(result) != len(prompts) * n:
             raise ProtocolViolation(
                 f"{label} generate() returned {len(result)} completions for {len(prompts)} prompts"
+                + (f" x n={n} samples" if n > 1 else "")
             )
         for row, completion in enumerate(result):
             if len(completion.logprobs) != len(completion.tokens):
@@ -131,8 +132,15 @@ class Guarded:
         timing: dict[str, float],
         deadline_s: float | None,
         eos_token_id: int | None = None,
+        audit: Callable[[Guarded, str, tuple[Any, ...], Any], None] | None = None,
     ) -> None:
         self.inner = inner
+        #: called with (this, method, args, result) after each answer passes ``check_answer``:
+        #: a property the session holds on every call (the support of sampled tokens)
+        self._audit = audit
+        #: whether the component took new weights (``load_weights``, ``update``): it no longer
+        #: holds the model the stack was started from
+        self.weights_changed = False
         #: the model's EOS, which ends a rollout not ignoring it (see ``check_answer``)
         self._eos_token_id = eos_token_id
         self.kind = kind
@@ -180,8 +188,12 @@ class Guarded:
             ) from exc
         finally:
             self._timing[f"{self.kind}_s"] += time.perf_counter() - started
+        if method in ("load_weights", "update"):
+            self.weights_changed = True
         given = (*args, kwargs["spec"]) if "spec" in kwargs else args
         check_answer(self._label, method, given, result, self._eos_token_id)
+        if self._audit is not None:
+            self._audit(self, method, given, result)
         return result
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from conformance.dtypes import torch_dtype
 from conformance.errors import ModelError
 from conformance.releases import ReleaseRange
+from conformance.sampling import truncate
 
 if TYPE_CHECKING:
     import torch
@@ -58,7 +59,7 @@ def gather_logprobs(
     log p = log_softmax(logits / T)[target], computed in float32 as trainers do
     (verl ``logprobs_from_logits``); H = −Σ p log p over the vocabulary. With ``top_k`` or
     ``top_p`` the distribution is first truncated and renormalised as a sampler does
-    (:func:`truncate`), so a target outside it gets −inf.
+    (:func:`conformance.sampling.truncate`), so a target outside it gets −inf.
     """
     import torch
 
@@ -68,28 +69,3 @@ def gather_logprobs(
     picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     entropy = -torch.special.xlogy(logp.exp(), logp.exp()).sum(-1)
     return picked, entropy
-
-
-def truncate(logp: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Renormalised log-probabilities over the top-k tokens, then over the smallest set of the
-    most likely of those whose mass reaches ``top_p``; −inf elsewhere.
-
-    Top-k first, then top-p on what is left, as vLLM's ``TopKTopPSampler`` and transformers'
-    ``TopKLogitsWarper``/``TopPLogitsWarper`` do; the most likely token is always kept.
-    """
-    import torch
-
-    sorted_lp, order = logp.sort(dim=-1, descending=True)
-    keep = torch.ones_like(sorted_lp, dtype=torch.bool)
-    if top_k:
-        keep[..., top_k:] = False
-        sorted_lp = sorted_lp.masked_fill(~keep, -torch.inf)
-        sorted_lp = sorted_lp - sorted_lp.logsumexp(-1, keepdim=True)
-    if top_p < 1.0:
-        # a token stays if the mass of the tokens ranked above it is still short of top_p
-        mass_before = sorted_lp.exp().cumsum(-1) - sorted_lp.exp()
-        keep &= mass_before < top_p
-        keep[..., 0] = True
-    kept = sorted_lp.masked_fill(~keep, -torch.inf)
-    kept = kept - kept.logsumexp(-1, keepdim=True)
-    return torch.full_like(logp, -torch.inf).scatter(-1, order, kept)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import strategies as st
@@ -113,6 +114,23 @@ def _rollout_specs(
         "stop_token_ids": stop_token_ids(vocab_size, eos_token_id=eos_token_id),
     }
     return sampling_specs(**{**drawn, **dict(fixed)})
+
+
+def sample_groups(
+    engine: Any, prompts: Sequence[Sequence[int]], spec: SamplingSpec, recorder: Any = None
+) -> list[Completion]:
+    """``spec.n`` completions per prompt, prompt-major: from the engine's own parallel-sampling
+    path where it declares one (``Engine.PARALLEL_SAMPLING``), else from a batch repeating
+    each prompt n times at ``n = 1`` (the GRPO layout engines had before they took ``n``), which
+    ``recorder`` is told of (the check's message says its own path went untested)."""
+    if spec.n == 1 or engine.PARALLEL_SAMPLING:
+        return engine.generate(prompts, spec)
+    if recorder is not None:
+        recorder.remark(
+            f"engine {engine.name!r} does not declare PARALLEL_SAMPLING: its groups were sampled "
+            "as repeated prompts, not on its own n-samples path"
+        )
+    return engine.generate([p for p in prompts for _ in range(spec.n)], replace(spec, n=1))
 
 
 def generated_rows(

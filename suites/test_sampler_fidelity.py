@@ -6,6 +6,10 @@ logits (the trainer's view of the policy) at the spec's temperature, cut to its 
 temperature than asked (vLLM applied a model's ``generation_config.json`` defaults to unset
 parameters: NeMo-RL #3497, vLLM #15241), ignores top-p, or keeps one token too many under top-k
 trains on rollouts from a policy nobody recomputes, while every log-prob comparison passes.
+RL samples with temperature, top-k and top-p *together*, where the order they compose in
+matters (``conformance.sampling``: the stated sampler, or the order the engine declares), so
+the suite draws them together too, at temperatures below and above 1; every spec's tokens are
+also held to the support property with zero tolerance (``conformance.support_audit``).
 
 Each spec samples 32 rollouts of 64 tokens; at each sampled token the backend's whole processed
 distribution gives the randomized probability integral transform ``u``
@@ -20,13 +24,19 @@ import torch
 from conformance.engines import SamplingSpec
 from conformance.metric_table import SAMPLER_BINS, SAMPLER_FALSE_ALARMS_PER_RUN
 from conformance.sampler_stats import randomized_pit, uniformity_pvalue
+from conformance.sampling import truncate
 
-#: the sampler's dimensions, one at a time (a wrong one shows on its own) and the default
+#: the sampler's dimensions, one at a time (a wrong one shows on its own), the default, and
+#: all of them together as RL samples, colder and hotter than 1: with k = 20 the renormalised
+#: top k holds a top-p nucleus well inside it, so an order that takes the nucleus of the whole
+#: distribution keeps tokens the stated sampler cuts
 SPECS = {
     "default": {},
     "temperature": {"temperature": 0.7},
     "top_k": {"top_k": 5},
     "top_p": {"top_p": 0.7},
+    "cold_top_k_top_p": {"temperature": 0.7, "top_k": 20, "top_p": 0.8},
+    "hot_top_k_top_p": {"temperature": 1.3, "top_k": 20, "top_p": 0.9},
 }
 PROMPTS, PROMPT_LEN, NEW_TOKENS = 32, 8, 64
 #: each test's share of the run's false alarms
@@ -45,16 +55,19 @@ def test_sampled_tokens_follow_the_stated_distribution(
     completions = engine.generate(prompts.tolist(), spec)
     try:
         distributions = backend.next_token_logprobs(
-            [c.sequence for c in completions],
-            temperature=spec.temperature,
-            top_k=spec.top_k,
-            top_p=spec.top_p,
+            [c.sequence for c in completions], temperature=spec.temperature
         )
     except NotImplementedError as exc:
         pytest.skip(str(exc).splitlines()[0])
-    # position len(prompt) − 1 onwards predicts the sampled tokens
-    logp = torch.cat(
-        [d[len(c.prompt) - 1 :] for c, d in zip(completions, distributions, strict=True)]
+    # position len(prompt) − 1 onwards predicts the sampled tokens; cut as the engine's sampler
+    # composes top-k and top-p (the stated order unless it declares another)
+    logp = truncate(
+        torch.cat(
+            [d[len(c.prompt) - 1 :] for c, d in zip(completions, distributions, strict=True)]
+        ),
+        spec.top_k,
+        spec.top_p,
+        engine.SAMPLER_ORDER,
     )
     tokens = torch.tensor([t for c in completions for t in c.tokens])
     u = randomized_pit(logp, tokens, torch.rand(tokens.numel(), generator=generator))

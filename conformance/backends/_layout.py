@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from conformance.errors import UsageError
-from conformance.hf_model import device, gather_logprobs, truncate
+from conformance.hf_model import device, gather_logprobs
 from conformance.routing import Replay, Routes, RouteTap, tapped
+from conformance.sampling import truncate
 
 if TYPE_CHECKING:
     import torch

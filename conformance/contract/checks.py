@@ -1,8 +1,8 @@
 """The engine contract's checks, against the real engine and the transformers fp32 forward.
 
 Protocol: options refused in one line, score and generate shapes and alignment, top-k
-log-probs, seeds where the engine says it is seeded, ``load_weights`` where offered, a parallel
-setting where declared, ``info()``,
+log-probs, seeds where the engine says it is seeded, n samples per prompt where declared,
+``load_weights`` where offered, a parallel setting where declared, ``info()``,
 ``close`` idempotent and calls after it refused by the guard. Controls: fp32 scores within the
 fp32 profile of the fp32 backend, a bf16 engine outside it and within bf16's, raw log-probs at
 any temperature, processed log-probs flagged by their temperature signature.
@@ -46,6 +46,7 @@ __all__ = [
     "test_generate_gives_one_aligned_completion_per_prompt_in_order",
     "test_info_names_the_engine_and_is_json",
     "test_load_weights_makes_the_engine_score_like_the_new_model",
+    "test_n_samples_per_prompt_are_prompt_major_distinct_and_seeded",
     "test_processed_logprobs_carry_the_temperature_signature",
     "test_sampled_logprobs_are_raw_at_any_temperature",
     "test_sampled_logprobs_equal_the_engines_own_scoring",
@@ -265,6 +266,32 @@ def test_a_seed_reproduces_the_rollouts(subject: Subject, sequences) -> None:
     same = "generate() with one seed must sample the same {} twice (or info()['seeded'] False)"
     assert [c.tokens for c in first] == [c.tokens for c in again], same.format("tokens")
     assert [c.logprobs for c in first] == [c.logprobs for c in again], same.format("log-probs")
+
+
+def test_n_samples_per_prompt_are_prompt_major_distinct_and_seeded(
+    subject: Subject, sequences
+) -> None:
+    engine = subject.engine()
+    if not engine.PARALLEL_SAMPLING:
+        pytest.skip(f"engine {engine.name!r} does not declare PARALLEL_SAMPLING (SamplingSpec.n)")
+    prompts, n = sequences[:3], 4
+    spec = SamplingSpec(max_new_tokens=8, seed=13, n=n)
+    children = engine.generate(prompts, spec)
+    assert [c.prompt for c in children] == [p for p in prompts for _ in range(n)], (
+        "generate() with n must return n completions per prompt, prompt-major, each with its prompt"
+    )
+    for group in range(len(prompts)):
+        tokens = {tuple(c.tokens) for c in children[group * n : (group + 1) * n]}
+        # 8 tokens of a random model at temperature 1: two equal children about 1e-16
+        assert len(tokens) == n, "a request's n children must be distinct draws, not one repeated"
+    scored = sampled_tail(engine.score([c.sequence for c in children]), children)
+    measured = metrics(scored, [c.logprobs for c in children])["abs_diff_max"]
+    assert measured < 1e-4, f"every child's log-probs must equal score()'s: {measured}"
+    if engine.info().get("seeded", True):
+        again = engine.generate(prompts, spec)
+        assert [c.tokens for c in again] == [c.tokens for c in children], (
+            "a seeded request with n samples must repeat all n"
+        )
 
 
 def test_load_weights_makes_the_engine_score_like_the_new_model(

@@ -247,6 +247,9 @@ def sampling_params(spec: SamplingSpec, *, tokenizer: bool) -> dict[str, Any]:
         "no_stop_trim": True,
         # one seed per request: a prompt's rollout does not depend on its batch-mates
         "sampling_seed": spec.seed,
+        # n samples per prompt: SGLang caches the prompt's prefill once, then sends n
+        # requests of it, its replies prompt-major (prompt i's n at i·n + j)
+        **({"n": spec.n} if spec.n > 1 else {}),
     }
 
 
@@ -291,11 +294,12 @@ def accepted(reply: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def completions(
-    prompts: TokenBatch, replies: Sequence[Mapping[str, Any]], top_logprobs: int
+    prompts: TokenBatch, replies: Sequence[Mapping[str, Any]], top_logprobs: int, n: int = 1
 ) -> list[Completion]:
-    """``Completion`` per prompt from SGLang's replies (one per prompt, in prompt order)."""
+    """``Completion`` per child from SGLang's replies (``n`` per prompt, prompt-major)."""
     result = []
-    for prompt, reply in zip(prompts, replies, strict=True):
+    children = [prompt for prompt in prompts for _ in range(n)]
+    for prompt, reply in zip(children, replies, strict=True):
         meta = accepted(reply)["meta_info"]
         entries = meta["output_token_logprobs"]
         tokens = [int(entry[1]) for entry in entries]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from conformance.engines import VLLM_INSTALL as INSTALL_HINT
@@ -93,6 +93,28 @@ def stop_params(spec: SamplingSpec) -> dict[str, Any]:
         "stop": list(spec.stop),
         "detokenize": bool(spec.stop),
     }
+
+
+def parallel_params(spec: SamplingSpec) -> dict[str, Any]:
+    """``SamplingParams`` (and ``/v1/completions``) fields for ``spec.n`` samples per prompt.
+
+    vLLM forks a request with ``n > 1`` into n child requests (``ParentRequest``); a seeded
+    parent gives child ``j`` the seed ``seed + j``, so children are distinct draws and the
+    request as a whole repeats.
+    """
+    return {"n": spec.n} if spec.n > 1 else {}
+
+
+def children(prompts: Sequence[Any], outputs: Sequence[Any], n: int) -> list[tuple[Any, Any]]:
+    """(prompt, sample) per child, prompt-major, from one ``RequestOutput`` per prompt whose
+    ``outputs`` hold its n ``CompletionOutput``s (vLLM orders them by their ``index``)."""
+    pairs = []
+    for prompt, out in zip(prompts, outputs, strict=True):
+        samples = sorted(out.outputs, key=lambda sample: sample.index)
+        if len(samples) != n:
+            raise ValueError(f"vLLM returned {len(samples)} samples for a request asking n={n}")
+        pairs.extend((prompt, sample) for sample in samples)
+    return pairs
 
 
 def parse_options(

@@ -20,6 +20,7 @@ from conformance.errors import Unsupported, UsageError
 from conformance.parallel import ParallelSetting
 from conformance.releases import ReleaseRange
 from conformance.routing import Routes
+from conformance.sampling import STATED_ORDER, SamplerOrder
 
 #: token-id sequences: the prompts of a batch, or the sequences to score
 TokenBatch = Sequence[Sequence[int]]
@@ -37,6 +38,11 @@ class LogprobKind(enum.StrEnum):
 @dataclass(frozen=True)
 class SamplingSpec:
     """How to sample. ``top_k = 0`` and ``top_p = 1.0`` mean "off".
+
+    ``n`` samples per prompt (a GRPO group from one request, as vLLM's ``SamplingParams.n``,
+    SGLang's ``n`` and transformers' ``num_return_sequences`` fork it): ``generate`` returns
+    ``len(prompts) · n`` completions, prompt-major (prompt ``i``'s children at ``i·n`` to
+    ``i·n + n − 1``), each child an independent draw; a seeded request repeats all of them.
 
     A rollout ends at ``max_new_tokens`` (``finish_reason`` ``"length"``) or, unless
     ``ignore_eos``, at the model's EOS, at any id in ``stop_token_ids`` or once its text ends in
@@ -56,6 +62,9 @@ class SamplingSpec:
     #: texts that end a rollout once its detokenized text contains one (engines with a
     #: tokenizer); the ids and log-probs of every token up to the one completing it are returned
     stop: tuple[str, ...] = ()
+    #: samples per prompt (see above); engines that do not declare ``PARALLEL_SAMPLING`` are
+    #: only ever given 1
+    n: int = 1
 
     def __post_init__(self) -> None:
         # lists are accepted, as a user writes them; the spec stays hashable
@@ -63,6 +72,8 @@ class SamplingSpec:
         object.__setattr__(self, "stop", tuple(self.stop))
         if self.max_new_tokens < 1:
             raise UsageError(f"max_new_tokens={self.max_new_tokens}", "use max_new_tokens >= 1")
+        if self.n < 1:
+            raise UsageError(f"n={self.n}", "use n >= 1 samples per prompt")
         if self.temperature <= 0:
             raise UsageError(f"temperature={self.temperature}", "use a temperature > 0")
         if not 0 < self.top_p <= 1:
@@ -90,6 +101,7 @@ class SamplingSpec:
             "ignore_eos": self.ignore_eos,
             "stop_token_ids": list(self.stop_token_ids),
             "stop": list(self.stop),
+            "n": self.n,
         }
 
     def stops_at(self, eos_token_id: int | None) -> frozenset[int]:
@@ -169,6 +181,14 @@ class Engine(ABC):
     #: why the engine's completions carry no MoE routes (``Completion.routes``), or None where
     #: they do on an MoE model: the routing suite skips with this reason
     NO_ROUTES: ClassVar[str | None] = "the engine does not report the experts it routed to"
+    #: whether ``generate`` takes ``SamplingSpec.n > 1`` on the engine's own parallel-sampling
+    #: path; the harness gives an engine that does not declare it ``n = 1`` and the prompt
+    #: repeated n times instead (``conformance.suite_support.sample_groups``)
+    PARALLEL_SAMPLING: ClassVar[bool] = False
+    #: how the engine's sampler composes top-k and top-p (``conformance.sampling``): an engine
+    #: that does not follow the stated sampler (top-k, then top-p over the renormalised rest)
+    #: declares its own order here, and its sampled tokens are held to that
+    SAMPLER_ORDER: ClassVar[SamplerOrder] = STATED_ORDER
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -188,7 +208,8 @@ class Engine(ABC):
     def generate(
         self, prompts: TokenBatch, spec: SamplingSpec, *, top_logprobs: int = 0
     ) -> list[Completion]:
-        """Sample one completion per prompt; return them in prompt order.
+        """Sample ``spec.n`` completions per prompt (one unless the engine declares
+        ``PARALLEL_SAMPLING``); return them prompt-major, in prompt order.
 
         Each ``Completion.logprobs[i]`` is the engine's log-probability of ``tokens[i]``,
         of the kind given by ``config.logprobs``.
@@ -228,6 +249,9 @@ class Engine(ABC):
             info["parallel"] = {self.parallel.label: self.parallel.size(self.config.options)}
         if self.RELEASES is not None:
             info["release"] = self.RELEASES.describe()
+        if self.SAMPLER_ORDER is not STATED_ORDER:
+            # the stated order is every engine's unless declared: only a departure is recorded
+            info["sampler_order"] = self.SAMPLER_ORDER.value
         return info
 
     def close(self) -> None:

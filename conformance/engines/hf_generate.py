@@ -26,6 +26,7 @@ class HFGenerateEngine(Engine):
     name = "hf-generate"
     RELEASES = TRANSFORMERS_RELEASES
     NO_ROUTES = None
+    PARALLEL_SAMPLING = True
     #: option → default (strings, as ``--engine-option`` gives them); subclasses add theirs
     OPTIONS: ClassVar[Mapping[str, str]] = {"attn_implementation": "sdpa"}
 
@@ -85,6 +86,9 @@ class HFGenerateEngine(Engine):
             return_dict_in_generate=True,
             output_logits=True,
             output_scores=True,
+            # n samples per prompt from one request: generate repeats each prompt's row n
+            # times (prompt-major) and draws every row from the one seeded stream
+            num_return_sequences=spec.n,
         )
         with torch.random.fork_rng(devices=[]), torch.no_grad(), tapped(self._model) as tap:
             torch.manual_seed(spec.seed)
@@ -99,14 +103,16 @@ class HFGenerateEngine(Engine):
         stacked = torch.stack([s.float().cpu() for s in steps], dim=1)
         token_lp, _ = gather_logprobs(stacked, new_tokens)
         top = torch.log_softmax(stacked, -1).topk(top_logprobs, dim=-1) if top_logprobs else None
+        # row r of the output is child r % n of prompt r // n
+        rows = [prompt for prompt in prompts for _ in range(spec.n)]
         completions = [
-            self._completion(list(prompts[row]), new_tokens[row], token_lp[row], top, row, stops)
-            for row in range(len(prompts))
+            self._completion(list(prompt), new_tokens[row], token_lp[row], top, row, stops)
+            for row, prompt in enumerate(rows)
         ]
         if tap.active:
             prompt_rows = [
                 torch.arange(row * width + width - len(p), (row + 1) * width)
-                for row, p in enumerate(prompts)
+                for row, p in enumerate(rows)
             ]
             lengths = [len(c.tokens) for c in completions]
             for completion, routes in zip(

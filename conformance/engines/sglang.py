@@ -25,6 +25,7 @@ class SGLangEngine(Engine):
     NO_ROUTES = common.NO_ROUTES
     parallel = common.PARALLEL
     RELEASES = common.RELEASES
+    PARALLEL_SAMPLING = True
 
     @classmethod
     def check_options(cls, options: Mapping[str, str]) -> None:
@@ -71,7 +72,7 @@ class SGLangEngine(Engine):
         self, prompts: TokenBatch, spec: SamplingSpec, *, top_logprobs: int = 0
     ) -> list[Completion]:
         request = common.generate_request(prompts, spec, top_logprobs, self.options)
-        return common.completions(prompts, self._run(request), top_logprobs)
+        return common.completions(prompts, self._run(request), top_logprobs, spec.n)
 
     def score(self, sequences: TokenBatch) -> list[list[float]]:
         return common.scores(sequences, self._run(common.score_request(sequences)))

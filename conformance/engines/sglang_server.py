@@ -32,6 +32,7 @@ class SGLangServerEngine(ServerEngine):
     NO_ROUTES = common.NO_ROUTES
     parallel = common.PARALLEL
     RELEASES = common.RELEASES
+    PARALLEL_SAMPLING = True
     label = "SGLang server"
     launch_hint = "python -m sglang.launch_server"
     start_timeout = SGLANG_START_TIMEOUT
@@ -72,7 +73,7 @@ class SGLangServerEngine(ServerEngine):
     ) -> list[Completion]:
         request = common.generate_request(prompts, spec, top_logprobs, self.options)
         replies = self.post("/generate", request)
-        return common.completions(prompts, replies, top_logprobs)
+        return common.completions(prompts, replies, top_logprobs, spec.n)
 
     def score(self, sequences: TokenBatch) -> list[list[float]]:
         return common.scores(sequences, self.post("/generate", common.score_request(sequences)))

@@ -30,6 +30,7 @@ class VLLMEngine(Engine):
     NO_ROUTES = common.NO_ROUTES
     parallel = common.PARALLEL
     RELEASES = common.RELEASES
+    PARALLEL_SAMPLING = True
 
     @classmethod
     def check_options(cls, options: Mapping[str, str]) -> None:
@@ -100,12 +101,16 @@ class VLLMEngine(Engine):
             seed=spec.seed,
             logprobs=top_logprobs,
             **common.stop_params(spec),
+            **common.parallel_params(spec),
         )
-        groups = common.seeded_groups([len(p) for p in prompts], spec.seed, self._seeded_chunk)
+        # each of a request's n children is a request of its own in vLLM's scheduler (v1's
+        # ParentRequest), each prefilling the prompt: n prompts' worth of the token budget
+        groups = common.seeded_groups(
+            [len(p) * spec.n for p in prompts], spec.seed, self._seeded_chunk
+        )
         outputs = [out for g in groups for out in self._run([prompts[i] for i in g], params)]
         completions = []
-        for prompt, out in zip(prompts, outputs, strict=True):
-            sample = out.outputs[0]
+        for prompt, sample in common.children(prompts, outputs, spec.n):
             tokens = list(sample.token_ids)
             completions.append(
                 Completion(

@@ -39,6 +39,7 @@ class VLLMServerEngine(ServerEngine):
     NO_ROUTES = common.NO_ROUTES
     parallel = common.PARALLEL
     RELEASES = common.RELEASES
+    PARALLEL_SAMPLING = True
     label = "vLLM server"
     launch_hint = f"python -m {internals.API_SERVER_MODULE}"
     start_timeout = VLLM_START_TIMEOUT
@@ -109,15 +110,20 @@ class VLLMServerEngine(ServerEngine):
     ) -> list[Completion]:
         lengths = [len(p) for p in prompts]
         self._check_lengths(lengths, spec.max_new_tokens)
-        groups = common.seeded_groups(lengths, spec.seed, self._seeded_chunk())
+        # n children per prompt, each prefilling it (see the in-process engine)
+        groups = common.seeded_groups(
+            [n * spec.n for n in lengths], spec.seed, self._seeded_chunk()
+        )
+        # /v1/completions numbers a batch's choices prompt-major: prompt i's n at i·n + j
         choices = [
             choice
             for g in groups
             for choice in self._sample([prompts[i] for i in g], spec, top_logprobs)
         ]
+        children = [prompt for prompt in prompts for _ in range(spec.n)]
         return [
             self._completion(prompt, choice, top_logprobs)
-            for prompt, choice in zip(prompts, choices, strict=True)
+            for prompt, choice in zip(children, choices, strict=True)
         ]
 
     @staticmethod
@@ -157,6 +163,7 @@ class VLLMServerEngine(ServerEngine):
                 **{k: v for k, v in common.stop_params(spec).items() if k != "detokenize"},
                 "logprobs": top_logprobs,
                 "return_tokens_as_token_ids": True,
+                **common.parallel_params(spec),
             }
         )
 

@@ -51,7 +51,14 @@ def test_default_stack_is_certified(tmp_path, cli_env):
     compared = [c for c in measured if "abs_diff_max" in c["metrics"]]
     assert all(c["examples_run"] > 0 and c["metrics"]["abs_diff_max"] < 1e-3 for c in compared)
     sampler = [c for c in measured if c["suite"] == "sampler_fidelity"]
-    assert len(sampler) == 4 and all(c["metrics"]["sampler_p_value"] >= 2.5e-4 for c in sampler)
+    # one test per spec: the four single dimensions and the two filtered specs RL samples with
+    assert len(sampler) == 6 and all(c["metrics"]["sampler_p_value"] >= 2.5e-4 for c in sampler)
+    # the support property counted every filtered spec's tokens, none outside
+    audited = [c["metrics"] for c in measured if "support_tokens" in c["metrics"]]
+    assert {"sampler_fidelity", "rollout_parity"} <= {
+        c["suite"] for c in measured if "support_tokens" in c["metrics"]
+    }
+    assert all(m["support_tokens"] > 0 and m["out_of_support_tokens"] == 0 for m in audited)
     # streamed as it ran: one measurement line per example, then a check line per test
     events = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert sum(e["event"] == "measurement" for e in events) >= sum(

@@ -26,7 +26,10 @@ NAMED_CAUSES = (
     "returned rows of",
     "generate() gave completion",
     "uniformity p-value",
+    "not independent draws",
 )
+#: what the support property's failure says (``conformance.session``'s audit)
+OUTSIDE_SUPPORT = "outside the stated sampler's support"
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINES = "tests.support.engines:"
@@ -101,6 +104,11 @@ DEFECTS = [
     ("IgnoresTemperature", ["sampler_fidelity"], {"sampler_fidelity"}, "uniformity p-value"),
     ("IgnoresTopP", ["sampler_fidelity"], {"sampler_fidelity"}, "uniformity p-value"),
     ("TopKOffByOne", ["sampler_fidelity"], {"sampler_fidelity"}, "uniformity p-value"),
+    # the support property, zero tolerance: sampled tokens the stated sampler cuts
+    ("JointTopKTopP", ["sampler_fidelity"], {"sampler_fidelity"}, OUTSIDE_SUPPORT),
+    ("OutsideSupport", ["sampler_fidelity"], {"sampler_fidelity"}, OUTSIDE_SUPPORT),
+    # right log-probs, a request's n children all one draw
+    ("IdenticalChildren", ["group_sampling"], {"group_sampling"}, "not independent draws"),
     ("StalePrefixCache", ["weight_sync"], {"weight_sync"}, "abs_diff_max"),
     ("MiddleBatchNumerics", ["batch_invariance"], {"batch_invariance"}, "profile fp32"),
     ("ZeroStopLogprob", [], {"rollout_parity"}, "abs_diff_max"),
@@ -232,6 +240,21 @@ def test_each_sound_stack_is_certified(tmp_path, cli_env, args):
     assert code == 0, output[-3000:]
     assert report["verdict"] == "pass"
     assert not failed_checks(report)
+
+
+@pytest.mark.slow
+def test_an_engine_declaring_its_sampler_order_is_held_to_that_order(tmp_path, cli_env):
+    """JointTopKTopP's sampler, declared (``Engine.SAMPLER_ORDER``): its tokens follow the order
+    it states, every one inside that order's support."""
+    code, report, output = certify(
+        "--engine", ENGINES + "DeclaredJointTopKTopP", "--suite", "sampler_fidelity",
+        env=cli_env, out=tmp_path / "run",
+    )  # fmt: skip
+    assert code == 0, output[-3000:]
+    assert report["stack"]["engine_info"]["sampler_order"] == "joint"
+    audited = [c["metrics"] for c in report["checks"] if "support_tokens" in c["metrics"]]
+    assert audited and all(m["out_of_support_tokens"] == 0 for m in audited), audited
+    assert sum(m["support_tokens"] for m in audited) >= 4 * 2048
 
 
 # -- runs that cannot finish -------------------------------------------------------------

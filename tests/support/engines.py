@@ -7,6 +7,7 @@ Plug one in as ``--engine tests.support.engines:LateDrift`` from the repository 
 
 from __future__ import annotations
 
+import copy
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -15,6 +16,7 @@ from typing import Any, ClassVar
 
 from conformance.engines.base import Completion, EngineConfig, LogprobKind, SamplingSpec
 from conformance.engines.hf_generate import HFGenerateEngine
+from conformance.sampling import SamplerOrder, truncate
 
 
 def _edit_logprobs(completions: list[Completion], edit: Any) -> list[Completion]:
@@ -54,6 +56,8 @@ class UnmaskedPadding(HFGenerateEngine):
     the pad tokens, and their positions shift by the padding."""
 
     name = "unmasked-padding"
+    #: its prompts map one-to-one onto completions: n children come as repeated prompts
+    PARALLEL_SAMPLING = False
 
     def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
         width = max(map(len, prompts))
@@ -256,6 +260,8 @@ class RetokenizesBetweenTurns(HFGenerateEngine):
     the ids it was given."""
 
     name = "retokenizes-between-turns"
+    #: its prompts map one-to-one onto completions: n children come as repeated prompts
+    PARALLEL_SAMPLING = False
 
     def __init__(self, config: EngineConfig) -> None:
         from transformers import AutoTokenizer
@@ -363,6 +369,112 @@ class TopKOffByOne(HFGenerateEngine):
     def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
         wider = replace(spec, top_k=spec.top_k + 1) if spec.top_k else spec
         return super().generate(prompts, wider, **kw)
+
+
+class _ProcessedScores(HFGenerateEngine):
+    """hf-generate whose sampler runs ``self.process(spec, scores)`` on each step's raw scores
+    before its own temperature, top-k and top-p (transformers runs a caller's logits processors
+    first); the reported log-probs stay the raw model's, right for the tokens drawn."""
+
+    def process(self, spec: SamplingSpec, scores: Any) -> Any:
+        raise NotImplementedError
+
+    #: generation-config fields this sampler sets in place of the spec's
+    OVERRIDES: ClassVar[Mapping[str, Any]] = {}
+
+    def applies(self, spec: SamplingSpec) -> bool:
+        return bool(spec.top_k) or spec.top_p < 1.0
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        if not self.applies(spec):
+            return super().generate(prompts, spec, **kw)
+        from transformers import LogitsProcessorList
+
+        model, inner = self._model, self._model.generate
+
+        def processed(*args: Any, generation_config: Any, **kwargs: Any) -> Any:
+            config = copy.deepcopy(generation_config)
+            for field, value in self.OVERRIDES.items():
+                setattr(config, field, value)
+            step = lambda ids, scores: self.process(spec, scores)  # noqa: E731
+            processors = LogitsProcessorList([step])
+            return inner(*args, generation_config=config, logits_processor=processors, **kwargs)
+
+        # an instance attribute shadows the model's method for this call only
+        model.generate = processed
+        try:
+            return super().generate(prompts, spec, **kw)
+        finally:
+            del model.generate
+
+
+class JointTopKTopP(_ProcessedScores):
+    """With top-k and top-p both on, keeps the top k tokens that are in the nucleus of the
+    *whole* distribution (sglang#36173: its min-p, EAGLE and DFlash paths composed top-k and
+    top-p this way; FlashInfer's ``filter_apply_order="joint"``), not top-p over the
+    renormalised top k, without declaring that order."""
+
+    name = "joint-top-k-top-p"
+    #: its own mask is the whole filter: the temperature alone follows it
+    OVERRIDES: ClassVar[Mapping[str, Any]] = {"top_k": 0, "top_p": 1.0}
+
+    def applies(self, spec: SamplingSpec) -> bool:
+        return bool(spec.top_k) and spec.top_p < 1.0
+
+    def process(self, spec: SamplingSpec, scores: Any) -> Any:
+        import torch
+
+        tempered = torch.log_softmax(scores.float() / spec.temperature, dim=-1)
+        kept = truncate(tempered, spec.top_k, spec.top_p, SamplerOrder.JOINT)
+        return scores.masked_fill(torch.isinf(kept), -torch.inf)
+
+
+class OutsideSupport(_ProcessedScores):
+    """Under top-k or top-p, samples a token outside the stated sampler's support for about
+    0.5 % of its sampled tokens (a masking race in a fused sampler, transformers#23088: 0.16 %
+    of steps at top-k 40), reporting that token's right raw log-prob."""
+
+    name = "outside-support"
+    RATE = 0.005
+
+    def process(self, spec: SamplingSpec, scores: Any) -> Any:
+        import torch
+
+        tempered = torch.log_softmax(scores.float() / spec.temperature, dim=-1)
+        cut = torch.isinf(truncate(tempered, spec.top_k, spec.top_p))
+        # seeded by the spec's seed: generate runs under torch.manual_seed(spec.seed)
+        raced = (torch.rand(scores.shape[0]) < self.RATE) & cut.any(-1)
+        # a copy: generate's raw logits (the reported log-probs) may share these scores' storage
+        scores = scores.clone()
+        for row in raced.nonzero().flatten().tolist():
+            candidates = cut[row].nonzero().flatten()
+            token = candidates[torch.randint(len(candidates), ())]
+            scores[row] = -torch.inf
+            scores[row, token] = 0.0
+        return scores
+
+
+class DeclaredJointTopKTopP(JointTopKTopP):
+    """Sound (a control beside its defect): composes top-k and top-p as ``JointTopKTopP``
+    does, and declares that order."""
+
+    name = "declared-joint-top-k-top-p"
+    SAMPLER_ORDER = SamplerOrder.JOINT
+
+
+class IdenticalChildren(HFGenerateEngine):
+    """Samples each of a request's n children from a random stream seeded by the request's
+    seed and its prompt alone, so all n come back identical (tt-metal#53077 "this breaks GRPO
+    training", llama.cpp#18700); every child's log-probs are right."""
+
+    name = "identical-children"
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        if spec.n == 1:
+            return super().generate(prompts, spec, **kw)
+        # one draw per prompt: the stream every child of it would start from
+        drawn = super().generate(prompts, replace(spec, n=1), **kw)
+        return [copy.deepcopy(c) for c in drawn for _ in range(spec.n)]
 
 
 class StalePrefixCache(HFGenerateEngine):

@@ -1,0 +1,125 @@
+"""The stated sampler: how temperature, top-k and top-p compose, and its support.
+
+The one place that says what "the distribution the sampling spec names" is. The stated
+sampler is vLLM's (``TopKTopPSampler``) and transformers' (``TemperatureLogitsWarper``,
+``TopKLogitsWarper``, ``TopPLogitsWarper``, in that order): logits / temperature, then the top
+k tokens, then the smallest set of the most likely of those whose mass, renormalised over the
+k, reaches top-p. An engine composing them otherwise declares it (``Engine.SAMPLER_ORDER``); the
+suites then hold its tokens to its declared order, and an engine that does not declare it is held
+to the stated one.
+
+:func:`outside_support` says which sampled tokens no sampler of that order could have drawn,
+allowing each token's log-probability to differ between engine and backend by the profile's
+per-token bound: the zero-tolerance support property counts them for every suite's rollouts.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+class SamplerOrder(enum.StrEnum):
+    """How a sampler composes top-k and top-p (temperature always first)."""
+
+    #: the stated sampler: top-k, then top-p over the renormalised top k (vLLM, transformers)
+    TOP_K_THEN_TOP_P = "top-k-then-top-p"
+    #: the nucleus of the whole distribution intersected with the top k (FlashInfer's
+    #: ``filter_apply_order="joint"``; SGLang's min-p path before sglang#36173)
+    JOINT = "joint"
+
+
+#: the order every engine is held to unless it declares another
+STATED_ORDER = SamplerOrder.TOP_K_THEN_TOP_P
+#: probability mass a sampler's float32 cumulative sum may be off at the top-p boundary: a
+#: token whose mass above it exceeds top-p by less is not called outside. A float32 sum of V
+#: probabilities errs by about √V·2^-24 (1e-6 at 384 tokens, 1e-5 at 150k) and at worst by
+#: V·2^-24; near-ties at the boundary, which move whole tokens' mass, are the margin's to cover
+MASS_SLACK = 1e-4
+
+
+def truncate(
+    logp: torch.Tensor, top_k: int, top_p: float, order: SamplerOrder = STATED_ORDER
+) -> torch.Tensor:
+    """Renormalised log-probabilities over the tokens the sampler of ``order`` keeps; −inf
+    elsewhere.
+
+    ``TOP_K_THEN_TOP_P``: the top k tokens, then the smallest set of the most likely of those
+    whose mass (renormalised over the k) reaches ``top_p``. ``JOINT``: the top k tokens that are
+    also in the smallest set of the most likely tokens whose mass *in the whole distribution*
+    reaches ``top_p``. A token stays under top-p if the mass ranked above it is short of
+    ``top_p``; the most likely token always stays.
+    """
+    import torch
+
+    sorted_lp, order_ids = logp.sort(dim=-1, descending=True)
+    keep = torch.ones_like(sorted_lp, dtype=torch.bool)
+    if top_p < 1.0 and order is SamplerOrder.JOINT:
+        mass_before = sorted_lp.exp().cumsum(-1) - sorted_lp.exp()
+        keep &= mass_before < top_p
+    if top_k:
+        keep[..., top_k:] = False
+        sorted_lp = sorted_lp.masked_fill(~keep, -torch.inf)
+        sorted_lp = sorted_lp - sorted_lp.logsumexp(-1, keepdim=True)
+    if top_p < 1.0 and order is SamplerOrder.TOP_K_THEN_TOP_P:
+        # a token stays if the mass of the tokens ranked above it is still short of top_p
+        mass_before = sorted_lp.exp().cumsum(-1) - sorted_lp.exp()
+        keep &= mass_before < top_p
+    keep[..., 0] = True
+    kept = sorted_lp.masked_fill(~keep, -torch.inf)
+    kept = kept - kept.logsumexp(-1, keepdim=True)
+    return torch.full_like(logp, -torch.inf).scatter(-1, order_ids, kept)
+
+
+def outside_support(
+    logp: torch.Tensor,
+    tokens: torch.Tensor,
+    *,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    order: SamplerOrder = STATED_ORDER,
+    margin: float = 0.0,
+    slack: float = MASS_SLACK,
+) -> torch.Tensor:
+    r"""Which sampled tokens lie outside the support of the sampler ``order`` names.
+
+    ``logp`` ``[N, V]`` holds the backend's tempered log-probabilities ``l = log_softmax(z/T)``
+    (no top-k/top-p) at each sampled position, ``tokens`` ``[N]`` the sampled ids. The engine's
+    raw log-probabilities may differ from the backend's by up to ``margin`` nats per token (the
+    profile's ``abs_diff_max``), so two tokens' tempered log-probabilities by up to
+    ``δ = 2·margin/T``. A token ``o`` is outside only if it is for every engine within that:
+
+    - ``A = {j : l_j > l_o + δ}``, the tokens ranked above ``o`` on the engine too;
+    - top-k: outside if ``|A| ≥ k``;
+    - top-p: outside if ``e^{−δ} Σ_A p_j / Σ_{K} p_j ≥ top_p + slack``, the least mass the
+      engine can put above ``o``, renormalised over ``K`` = the k most likely tokens (the whole
+      vocabulary when top-k is off, or for ``JOINT``, which takes the nucleus of the whole).
+
+    Ties at the top-k boundary are inside (``A`` counts strictly larger ones only) and the top-p
+    boundary has ``slack`` of mass for the sampler's float32 cumulative sum.
+
+    Returns:
+        ``[N]`` bool, True where the token is outside.
+    """
+    import torch
+
+    lp = logp.to(torch.float64)
+    p = lp.exp()
+    lp_o = lp.gather(-1, tokens.reshape(-1, 1))
+    delta = 2.0 * margin / temperature
+    above = lp > lp_o + delta
+    outside = torch.zeros(lp.shape[0], dtype=torch.bool)
+    if top_k:
+        outside |= above.sum(-1) >= top_k
+    if top_p < 1.0:
+        total = torch.ones(lp.shape[0], dtype=torch.float64)
+        if top_k and order is SamplerOrder.TOP_K_THEN_TOP_P:
+            total = p.topk(min(top_k, p.shape[-1]), dim=-1).values.sum(-1)
+        mass_above = (p * above).sum(-1) / total
+        outside |= mass_above * math.exp(-delta) >= top_p + slack
+    return outside
