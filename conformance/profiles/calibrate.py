@@ -109,10 +109,12 @@ class Plan:
     def batches(self) -> tuple[Batch, ...]:
         if self.cap is None:
             return DEPTH_BATCHES[self.depth]
-        return tuple(
+        capped = (
             tuple(min(size, cap) for size, cap in zip(batch, self.cap, strict=True))
             for batch in DEPTH_BATCHES[self.depth]
-        )  # type: ignore[return-value]
+        )
+        # two batches capped to the same size would measure the same thing twice
+        return tuple(dict.fromkeys(capped))  # type: ignore[arg-type]
 
 
 def default_backend_dtypes(engine_dtype: str) -> tuple[str, ...]:
