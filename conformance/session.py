@@ -19,10 +19,19 @@ from conformance.backends import BACKENDS, Backend
 from conformance.engines import ENGINES, Engine
 from conformance.errors import ConformanceError, EngineCrashed, EngineUnavailable
 from conformance.guard import CallTimedOut, Guarded, deadline
+from conformance.host import device_info
 from conformance.outcome import FAULT, Outcome, first_line
 from conformance.recorder import CheckRecord, Recorder
-from conformance.report.schema import Check, ProfileInfo, Report, Shrink, Stack, Timing
-from conformance.stack import StackSpec, device_info, fingerprint
+from conformance.report.schema import (
+    Check,
+    ProfileInfo,
+    Report,
+    Shrink,
+    Stack,
+    Timing,
+    Violation,
+)
+from conformance.stack import StackSpec, fingerprint
 
 
 class HarnessSession:
@@ -245,7 +254,12 @@ class HarnessSession:
                 k: v for k, v in self.profile.bounds(record.suite, tokens).items() if k in metrics
             },
             violations=(
-                self.profile.check(metrics, tokens=tokens, suite=record.suite) if metrics else []
+                [
+                    Violation.of(b)
+                    for b in self.profile.check(metrics, tokens=tokens, suite=record.suite)
+                ]
+                if metrics
+                else []
             ),
             worst_case={**case, "replay": self.replay_command(record.nodeid)} if case else None,
             worst_case_metrics=case_metrics,

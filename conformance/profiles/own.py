@@ -64,7 +64,7 @@ def own_profile(
     progress line by line) and cached. The calibration's backends are calibrate's default for
     the engine precision and the stack's own backend precision."""
     from conformance import __version__
-    from conformance.stack import device_info
+    from conformance.host import device_info
 
     model = info.path
     backends = tuple(dict.fromkeys((*default_backend_dtypes(engine_dtype), backend_dtype)))

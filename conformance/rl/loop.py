@@ -4,7 +4,7 @@ Each step: the engine samples ``group`` responses per prompt with its own log-pr
 recomputes them at the rollout weights (``lp_old``, as verl recomputes old log-probs; it gives
 ρ = exp(lp_old − lp_infer) and the entropy); then ``updates_per_step`` optimizer steps, each on
 the next contiguous 1/K of the batch, through the Backend training protocol
-(``Backend.update``, loss ``conformance.rl.objective.policy_loss``); the new weights go into the
+(``Backend.update``, loss ``conformance.training.policy_loss``); the new weights go into the
 engine (``Backend.state_dict`` → ``Engine.load_weights``). The importance ratio's old policy is
 ``lp_old`` (``old_logprobs="recompute"``: with K = 1 the ratio is 1 and the mismatch acts only
 through the sampling distribution, objective-level-hacking Eq. 4, 8) or the engine's log-probs
@@ -40,19 +40,19 @@ from conformance.rl.detectors import (
     lead_steps,
     mismatch_alarm,
 )
-from conformance.rl.objective import (
-    Objective,
-    PolicyBatch,
-    response_logprobs,
-    response_mask,
-    step_stats,
-)
 from conformance.rl.options import OLD_LOGPROBS, UPDATES_PER_STEP
 from conformance.rl.scenarios import Scenario
 from conformance.rl.schedules import FLOOR_FRACTION, LengthDecaySchedule
 from conformance.rl.task import CountingTask, counting_task, position_reward
 from conformance.rl.warmstart import warm_start
 from conformance.stack import StackSpec
+from conformance.training import (
+    Objective,
+    PolicyBatch,
+    response_logprobs,
+    response_mask,
+    step_stats,
+)
 
 #: ρ outside [1/OUTSIDE_BAND, OUTSIDE_BAND] counts as extreme (the TIS/MIS cap C = 2)
 OUTSIDE_BAND = 2.0
