@@ -18,6 +18,8 @@ import json
 import random
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,9 +27,10 @@ from typing import Any
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from conformance.backends import BACKENDS, Backend
-from conformance.engines import ENGINES, Engine, SamplingSpec
+from conformance.backends import Backend
+from conformance.engines import Engine, SamplingSpec
 from conformance.errors import UsageError
+from conformance.guard import started
 from conformance.metrics import mismatch_metrics, rho_by_prob_bin
 from conformance.models import inspect_model
 from conformance.profiles import Profile
@@ -199,16 +202,23 @@ def run_smoke(engine: Engine, backend: Backend, config: RunConfig, out_dir: Path
     return summary
 
 
-def build_stack(spec: StackSpec) -> tuple[Engine, Backend]:
-    """A fresh engine and backend for ``spec`` (a smoke run trains, so it changes both)."""
+@contextmanager
+def started_stack(spec: StackSpec) -> Iterator[tuple[Engine, Backend]]:
+    """A fresh engine and backend for ``spec`` (a smoke run trains, so it changes both),
+    started and guarded as the suites' are (:func:`conformance.guard.started`) and closed when
+    the block ends."""
     model = spec.model_dir()
-    engine = ENGINES.get(spec.engine)(spec.engine_config(model))
-    try:
-        backend = BACKENDS.get(spec.backend)(spec.backend_config(model))
-    except BaseException:
-        engine.close()
-        raise
-    return engine, backend
+    with started(
+        spec.engine,
+        spec.engine_config(model),
+        spec.backend,
+        spec.backend_config(model),
+        start_timeout=spec.start_timeout,
+        call_timeout=spec.call_timeout,
+        # a rollout that stops ends at the model's EOS (the guard holds it to that)
+        eos_token_id=inspect_model(model).eos_token_id,
+    ) as stack:
+        yield stack
 
 
 def sync(engine: Engine, state: dict[str, torch.Tensor] | Any) -> None:
