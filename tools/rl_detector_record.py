@@ -34,7 +34,7 @@ from conformance.rl.detectors import (
     reward_drop_step,
     rolling_median,
 )
-from conformance.rl.loop import RunConfig, build_stack, run_smoke
+from conformance.rl.loop import RunConfig, run_smoke, started_stack
 from conformance.rl.scenarios import Scenario
 from conformance.stack import StackSpec
 
@@ -136,12 +136,8 @@ def measure(case: Case, seed: int, steps: int, runs_dir: Path) -> RunRecord:
     )
     out = runs_dir / f"{case.name}-s{seed}"
     if not _complete(out, steps):
-        engine, backend = build_stack(spec)
-        try:
+        with started_stack(spec) as (engine, backend):
             run_smoke(engine, backend, config, out)
-        finally:
-            engine.close()
-            backend.close()
     rows = [json.loads(line) for line in (out / "rl.jsonl").read_text().splitlines()]
     return RunRecord(
         case=case,

@@ -25,7 +25,7 @@ import torch
 
 from conformance.models import model_folder
 from conformance.rl.detectors import collapse, mismatch_alarm
-from conformance.rl.loop import RunConfig, build_stack, run_smoke
+from conformance.rl.loop import RunConfig, run_smoke, started_stack
 from conformance.rl.scenarios import Scenario
 from conformance.stack import StackSpec
 
@@ -295,19 +295,14 @@ def run(experiment: Experiment, seed: int, runs_dir: Path, *, start: bool = True
     if not (path.is_file() and len(path.read_text().splitlines()) == experiment.steps):
         if not start:
             return []
-        engine, backend = build_stack(
-            replace(
-                StackSpec(),
-                engine_dtype=experiment.engine_dtype,
-                model=model_folder(experiment.model) if experiment.model else None,
-                backend_options=dict(experiment.backend_options),
-            )
+        spec = replace(
+            StackSpec(),
+            engine_dtype=experiment.engine_dtype,
+            model=model_folder(experiment.model) if experiment.model else None,
+            backend_options=dict(experiment.backend_options),
         )
-        try:
+        with started_stack(spec) as (engine, backend):
             run_smoke(engine, backend, experiment.config(seed), out)
-        finally:
-            engine.close()
-            backend.close()
         print(f"ran {out.name}", flush=True)
     return [json.loads(line) for line in path.read_text().splitlines()]
 

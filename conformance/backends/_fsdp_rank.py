@@ -19,7 +19,7 @@ does, and every sequence's recorded routes go back with its log-probs (the fille
 replay nor return any).
 
 Training (``update``) is gradient accumulation over the rank's micro-batches, as verl does it:
-per micro-batch, ``conformance.rl.objective.policy_loss`` on that piece of the batch (a shard of
+per micro-batch, ``conformance.training.policy_loss`` on that piece of the batch (a shard of
 a shard, keeping the batch's normalisation, so the pieces add up to the whole batch's loss),
 backward; then the gradient-norm clip over all shards and one Adam step on the sharded float32
 master weights.
@@ -211,7 +211,7 @@ class _Rank:
         import torch
         from torch.distributed.tensor import DTensor
 
-        from conformance.rl.objective import COUNTS, adam_at, policy_loss, response_logprobs
+        from conformance.training import COUNTS, adam_at, policy_loss, response_logprobs
 
         params = list(self.model.parameters())
         self.optimizer = adam_at(self.optimizer, params, step.lr)

@@ -7,7 +7,7 @@ being ``log p(s[t + 1] | s[: t + 1])``.
 Training protocol (``update``, ``state_dict``, ``reset_optimizer``): the RL loop in
 ``conformance.rl.loop`` trains only through these three, so a backend whose model lives
 elsewhere (sharded over worker processes) trains the same way as the in-process ``hf`` one. The
-batch and the loss are defined once, in ``conformance.rl.objective`` (``PolicyBatch``,
+batch and the loss are defined once, in ``conformance.training`` (``PolicyBatch``,
 ``policy_loss``): a backend never computes a loss of its own.
 """
 
@@ -27,7 +27,7 @@ from conformance.routing import Routes
 if TYPE_CHECKING:
     import torch
 
-    from conformance.rl.objective import PolicyBatch
+    from conformance.training import PolicyBatch
 
 
 Layout = Literal["right-pad", "left-pad", "packed"]
@@ -132,10 +132,10 @@ class Backend(ABC):
         """One optimizer step on ``batch``; returns the step's figures.
 
         In order: the response log-probs of ``batch.sequences`` at the current weights, with
-        grad, as ``[B, T]`` float32 (``conformance.rl.objective.response_logprobs`` of a
+        grad, as ``[B, T]`` float32 (``conformance.training.response_logprobs`` of a
         ``recompute(..., grad=True)``: column ``j`` of row ``i`` is the log-prob of
         ``sequences[i][prompt_lengths[i] + j]``); ``loss, counts =
-        conformance.rl.objective.policy_loss(logprobs, batch)``; backward; the total gradient
+        conformance.training.policy_loss(logprobs, batch)``; backward; the total gradient
         norm clipped to ``batch.max_grad_norm`` (None: not clipped); one Adam step
         (``objective.ADAM_BETAS``, ``ADAM_EPS``, no weight decay) at ``batch.lr``. The optimizer
         is created at the first ``update`` and keeps its state across calls until

@@ -41,7 +41,7 @@ from conformance.backends import _fsdp_rank
 from conformance.backends._layout import check_feeding, check_sequences, micro_batches
 from conformance.backends._ranks import RankGroup
 from conformance.backends.base import Backend, BackendConfig, Recompute
-from conformance.engines._options import parse_engine_options, parse_positive_int
+from conformance.component_options import parse_engine_options, parse_positive_int
 from conformance.errors import UsageError
 from conformance.hf_model import TRANSFORMERS_RELEASES
 from conformance.parallel import ParallelSetting
@@ -50,7 +50,7 @@ from conformance.routing import Replay, Routes, replay_mode, replay_of
 if TYPE_CHECKING:
     import torch
 
-    from conformance.rl.objective import PolicyBatch
+    from conformance.training import PolicyBatch
 
 #: seconds the ranks may take to start (≈ 4 s each on a quiet two-core machine, 25 s loaded)
 START_TIMEOUT_S = float(os.environ.get("TIM_FSDP_START_TIMEOUT", "600"))
@@ -191,7 +191,7 @@ class FSDPBackend(Backend):
         return [row for reply in self._ranks().call(kind, payloads) for row in reply]
 
     def update(self, batch: PolicyBatch) -> dict[str, float]:
-        from conformance.rl.objective import COUNTS
+        from conformance.training import COUNTS
 
         count = min(self.world_size, len(batch.sequences))
         shards = [batch.shard(r, count) if r < count else None for r in range(self.world_size)]

@@ -18,14 +18,14 @@ from conformance.backends._layout import (
     next_token_logprobs,
 )
 from conformance.backends.base import Backend, BackendConfig, Recompute
-from conformance.engines._options import parse_engine_options
+from conformance.component_options import parse_engine_options
 from conformance.hf_model import TRANSFORMERS_RELEASES, load_causal_lm
 from conformance.routing import Routes, replay_mode, replay_of
 
 if TYPE_CHECKING:
     import torch
 
-    from conformance.rl.objective import PolicyBatch
+    from conformance.training import PolicyBatch
 
 
 class HFBackend(Backend):
@@ -50,7 +50,7 @@ class HFBackend(Backend):
     def update(self, batch: PolicyBatch) -> dict[str, float]:
         import torch
 
-        from conformance.rl.objective import adam_at, policy_loss, response_logprobs
+        from conformance.training import adam_at, policy_loss, response_logprobs
 
         params = list(self._model.parameters())
         self._optimizer = adam_at(self._optimizer, params, batch.lr)

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import json
 import shlex
-import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from conformance import env, releases
 from conformance.errors import EngineCrashed, UsageError
+from conformance.guard import sigterm_as_interrupt
 from conformance.options import STACK_OPTIONS, add_stack_options, pyproject_table, resolve
 from conformance.rl.options import add_training_options, pytest_args, training_values
 from conformance.suites_location import suites_folder
@@ -95,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     seed = DEFAULT_SEED if args.seed is None else args.seed
     if args.check is not None:
         return _check(spec.preflight(), args.check)
-    with _sigterm_as_interrupt() as signals:
+    with sigterm_as_interrupt() as signals:
         try:
             # may calibrate the model's own profile first: minutes, where a run gets cut short
             spec = spec.preflight()
@@ -123,24 +121,6 @@ def run(args: argparse.Namespace) -> int:
         taken = signals[-1] if signals else "Ctrl-C"
         return _interrupted_before_suites(spec, out, seed, taken, "startup")
     return _conclude(report, out, _stack_args(spec))
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[list[str]]:
-    """SIGTERM (what CI sends on a timeout) raised as ``KeyboardInterrupt("SIGTERM")`` inside,
-    as the pytest plugin does during the suites. Yields the SIGTERMs taken: pytest swallows
-    the interrupt when one lands as it starts, before the plugin can report it."""
-    taken: list[str] = []
-
-    def terminate(signum: int, frame: Any) -> None:
-        taken.append("SIGTERM")
-        raise KeyboardInterrupt("SIGTERM")
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield taken
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 #: what a certify cut short before its suites was doing, and what to do about it
@@ -189,7 +169,8 @@ def _certified_args(certificate: Path) -> argparse.Namespace:
 
 
 def _stack_args(spec: Any) -> list[str]:
-    """certify's flags for the stack (pytest's ``--tim-NAME`` is certify's ``--NAME``)."""
+    """certify's flags for the stack (pytest's ``--tim-NAME`` is certify's ``--NAME``), for the
+    certificate to show and ``--check`` to rebuild the certified stack from."""
     return [
         a.replace("--tim-", "--", 1) if a.startswith("--tim-") else a for a in spec.pytest_args()
     ]
@@ -209,13 +190,16 @@ def _suite_paths(folder: Path, names: list[str]) -> list[Path]:
 
 
 def _run_suites(spec: Any, suites: list[Path], out: Path, seed: int, extra: list[str]) -> int:
-    """pytest's exit code for the suites run on ``spec``, reporting into ``out``."""
+    """pytest's exit code for the suites run on ``spec``, reporting into ``out``. The plugin
+    takes ``spec`` as it is (:class:`~conformance.plugin.PreparedStack`): built and
+    preflighted once, here."""
     import pytest
+
+    from conformance.plugin import PreparedStack
 
     folder = suites[0] if suites[0].is_dir() else suites[0].parent
     args = [
         *map(str, suites),
-        *spec.pytest_args(),
         *extra,
         "--tim-report",
         str(out),
@@ -231,7 +215,7 @@ def _run_suites(spec: Any, suites: list[Path], out: Path, seed: int, extra: list
         f"--rootdir={folder.parent}",
     ]
     print(f"tim-conformance: certifying {spec.engine} vs {spec.backend} -> {out}", flush=True)
-    return int(pytest.main(args))
+    return int(pytest.main(args, plugins=[PreparedStack(spec, _command())]))
 
 
 def _suites_report(out: Path, code: int | None) -> dict[str, Any] | None:

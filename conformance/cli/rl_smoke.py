@@ -9,7 +9,7 @@ from conformance import env
 from conformance.options import add_stack_options, resolve
 from conformance.profiles import load_profile
 from conformance.rl import grpo
-from conformance.rl.loop import RunConfig, build_stack, run_smoke
+from conformance.rl.loop import RunConfig, run_smoke, started_stack
 from conformance.rl.options import add_training_options, training_values
 from conformance.rl.scenarios import DEFAULT_STRENGTH, SCENARIOS, Scenario
 from conformance.stack import StackSpec
@@ -96,12 +96,8 @@ def run(args: argparse.Namespace) -> int:
         profile=load_profile(spec.profile),
         **training_values(vars(args)),
     )
-    engine, backend = build_stack(spec)
-    try:
+    with started_stack(spec) as (engine, backend):
         summary = run_smoke(engine, backend, config, args.out)
-    finally:
-        engine.close()
-        backend.close()
     for name, verdict in (
         ("mismatch alarm", summary.mismatch_alarm),
         ("collapse", summary.collapse),

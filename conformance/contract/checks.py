@@ -21,6 +21,7 @@ import json
 import math
 import random
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ import pytest
 
 from conformance.engines import ENGINES, Engine, LogprobKind, SamplingSpec, Unsupported
 from conformance.errors import EngineCrashed, EngineUnavailable, UsageError
+from conformance.guard import start
 from conformance.metrics import mismatch_metrics, stack_ragged
 from conformance.profiles import load_profile
 from conformance.session import HarnessSession
@@ -127,11 +129,9 @@ def sequences() -> list[list[int]]:
 def hf(subject: Subject) -> Iterator[Any]:
     """The transformers fp32 forward every engine is measured against."""
     from conformance.backends.base import BackendConfig
-    from conformance.backends.hf import HFBackend
 
-    backend = HFBackend(BackendConfig(model=subject.model))
-    yield backend
-    backend.close()
+    with closing(start("backend", "hf", BackendConfig(model=subject.model))) as backend:
+        yield backend
 
 
 def metrics(reference: list[Any], measured: list[list[float]]) -> dict[str, float]:
@@ -300,7 +300,6 @@ def test_load_weights_makes_the_engine_score_like_the_new_model(
     from safetensors.torch import load_file
 
     from conformance.backends.base import BackendConfig
-    from conformance.backends.hf import HFBackend
     from conformance.models import inspect_model, make_model
 
     engine = subject.engine()
@@ -316,18 +315,17 @@ def test_load_weights_makes_the_engine_score_like_the_new_model(
         layers=info.num_layers,
         hidden=info.hidden_size,
     )
-    backend = HFBackend(BackendConfig(model=other))
-    try:
-        before = engine.score(sequences)
-        unless_unsupported(
-            lambda: engine.load_weights(load_file(other / "model.safetensors")), "weight sync"
-        )
-        after = engine.score(sequences)
-        expected = backend.recompute(sequences).logprobs
-    finally:
-        # the subject's engine goes on with its model for the checks after this one
-        engine.load_weights(load_file(subject.model / "model.safetensors"))
-        backend.close()
+    with closing(start("backend", "hf", BackendConfig(model=other))) as backend:
+        try:
+            before = engine.score(sequences)
+            unless_unsupported(
+                lambda: engine.load_weights(load_file(other / "model.safetensors")), "weight sync"
+            )
+            after = engine.score(sequences)
+            expected = backend.recompute(sequences).logprobs
+        finally:
+            # the subject's engine goes on with its model for the checks after this one
+            engine.load_weights(load_file(subject.model / "model.safetensors"))
     assert not violated("fp32", metrics(expected, after)), (
         "after load_weights() the engine must score like a model holding the new weights"
     )

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from conformance.engines._options import parse_bool, parse_engine_options, parse_positive_int
+from conformance.component_options import parse_bool, parse_engine_options, parse_positive_int
 from conformance.engines.base import (
     Completion,
     EngineConfig,

@@ -8,8 +8,8 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from conformance.component_options import parse_bool, parse_engine_options, parse_positive_int
 from conformance.engines import VLLM_INSTALL as INSTALL_HINT
-from conformance.engines._options import parse_bool, parse_engine_options, parse_positive_int
 from conformance.engines.base import EngineConfig, Knob, LogprobKind, SamplingSpec
 from conformance.env import VLLM_KV_CACHE
 from conformance.errors import EngineUnavailable, UsageError

@@ -30,11 +30,25 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from conformance.errors import ProfileError
-from conformance.metric_table import METRIC_NAMES, metric
-from conformance.report.schema import Violation
+from conformance.metric_table import METRIC_NAMES, Bound, metric
+
+
+class Breach(NamedTuple):
+    """One metric on the wrong side of its threshold, as :meth:`Profile.check` finds it (the
+    report records it as ``conformance.report.schema.Violation``: profiles sit below the
+    report, so they return plain values)."""
+
+    metric: str
+    value: float
+    threshold: float
+    bound: Bound
+
+    def __str__(self) -> str:
+        return f"{self.metric} = {metric(self.metric).relation(self.value, self.threshold)}"
+
 
 _HERE = Path(__file__).parent
 
@@ -116,7 +130,7 @@ class Profile:
 
     def check(
         self, metrics: Mapping[str, float], *, tokens: int | None = None, suite: str | None = None
-    ) -> list[Violation]:
+    ) -> list[Breach]:
         """Violations among the metrics both measured and bounded (by :meth:`bounds`); NaN
         always violates. ``tokens`` is how many tokens ``metrics`` pool: the metrics
         :meth:`unjudged` names (the pooled ones of a pool too small) are left out."""
@@ -128,7 +142,7 @@ class Profile:
             fact, value = metric(name), float(metrics[name])
             if fact.violates(value, threshold):
                 violations.append(
-                    Violation(metric=name, value=value, threshold=threshold, bound=fact.bound)
+                    Breach(metric=name, value=value, threshold=threshold, bound=fact.bound)
                 )
         return violations
 

@@ -31,7 +31,8 @@ import math
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,8 @@ DEPTH_BATCHES = {
     "deep": ((8, 64, 32), (32, 512, 128), (64, 256, 512), (8, 1024, 2048)),
 }
 SAMPLING_SEEDS = (0, 1)
+#: the reference stack calibrate measures: registered engine and backend names
+REFERENCE = ("hf-generate", "hf")
 #: engine precision → safety factor on the worst measured distance from the ideal
 FACTORS = {"float32": 10.0, "bfloat16": 3.0, "float16": 3.0}
 #: a pool-scaled metric (|Σ log ρ|/√n) is one draw of ≈ σ·|Z| per batch, so its bound is also at
@@ -162,9 +165,8 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measureme
     import torch
 
     from conformance.backends import BackendConfig
-    from conformance.backends.hf import HFBackend
-    from conformance.engines import EngineConfig, SamplingSpec
-    from conformance.engines.hf_generate import HFGenerateEngine
+    from conformance.engines import EngineConfig
+    from conformance.guard import start
     from conformance.models import inspect_model
 
     infos = [inspect_model(model) for model in plan.models]
@@ -189,40 +191,59 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measureme
             markers = marker_ids(info.vocab_size, info.special_token_ids)
             for index, (label, folder) in enumerate(_variants(info.path, Path(scratch))):
                 synced = index > 0  # the model holding the weight-sync suite's weights
-                engine = HFGenerateEngine(EngineConfig(model=folder, dtype=plan.engine_dtype))
-                for backend_dtype in plan.backend_dtypes:
-                    backend = HFBackend(BackendConfig(model=folder, dtype=backend_dtype))
-                    for (prompts, length, new), seed in itertools.product(
-                        batches, plan.sampling_seeds
-                    ):
-                        generator = torch.Generator().manual_seed(seed)
-                        drawn = torch.randint(0, len(ids), (prompts, length), generator=generator)
-                        # the suites' prompts repeat tokens in runs, and repetition drifts
-                        # further in bf16 (a sound llama stack's weight-sync check broke a
-                        # profile measured on prompts without it: 0.85 against 0.69)
-                        batch = [
-                            _prompt(i, row, markers) for i, row in enumerate(ids[drawn].tolist())
-                        ]
-                        completions = engine.generate(
-                            batch, SamplingSpec(max_new_tokens=new, seed=seed)
-                        )
-                        sequences = [c.sequence for c in completions]
-                        out = backend.recompute(sequences)
-                        for kind, metrics in _measured(completions, out, engine).items():
-                            for name, value in metrics.items():
-                                found["synced" if synced else kind][name].append(value)
-                        done += 1
-                        progress(
-                            f"[{done}/{steps}] {plan.engine_dtype} engine vs {backend_dtype} "
-                            f"backend, {info.arch} {label}, {prompts} x ({length} + {new}) "
-                            f"tokens, seed {seed} ({time.perf_counter() - started:.0f} s)"
-                        )
-                    del backend  # before the next one loads: a user's model may not fit twice
-                del engine
+                engine_config = EngineConfig(model=folder, dtype=plan.engine_dtype)
+                # the reference stack, started as every stack is (through the registry, guarded)
+                eos = info.eos_token_id
+                with closing(
+                    start("engine", REFERENCE[0], engine_config, eos_token_id=eos)
+                ) as engine:
+                    for backend_dtype in plan.backend_dtypes:
+                        backend_config = BackendConfig(model=folder, dtype=backend_dtype)
+                        # closed before the next one loads: a user's model may not fit twice
+                        with closing(start("backend", REFERENCE[1], backend_config)) as backend:
+                            for (prompts, length, new), seed, measured in _batches(
+                                engine, backend, ids, markers, batches, plan.sampling_seeds
+                            ):
+                                for kind, metrics in measured.items():
+                                    for name, value in metrics.items():
+                                        found["synced" if synced else kind][name].append(value)
+                                done += 1
+                                progress(
+                                    f"[{done}/{steps}] {plan.engine_dtype} engine vs "
+                                    f"{backend_dtype} backend, {info.arch} {label}, {prompts} x "
+                                    f"({length} + {new}) tokens, seed {seed} "
+                                    f"({time.perf_counter() - started:.0f} s)"
+                                )
     return {
         kind: {name: Measured(values) for name, values in found[kind].items() if values}
         for kind in KINDS
     }, infos
+
+
+def _batches(
+    engine: Any,
+    backend: Any,
+    ids: Any,
+    markers: Sequence[int],
+    batches: Sequence[Batch],
+    seeds: Sequence[int],
+) -> Iterator[tuple[Batch, int, dict[str, dict[str, float]]]]:
+    """Each batch size and sampling seed, with the metrics of one rollout batch of that size
+    drawn from ``ids`` (:func:`_measured`)."""
+    import torch
+
+    from conformance.engines import SamplingSpec
+
+    for (prompts, length, new), seed in itertools.product(batches, seeds):
+        generator = torch.Generator().manual_seed(seed)
+        drawn = torch.randint(0, len(ids), (prompts, length), generator=generator)
+        # the suites' prompts repeat tokens in runs, and repetition drifts further in bf16 (a
+        # sound llama stack's weight-sync check broke a profile measured on prompts without
+        # it: 0.85 against 0.69)
+        batch = [_prompt(i, row, markers) for i, row in enumerate(ids[drawn].tolist())]
+        completions = engine.generate(batch, SamplingSpec(max_new_tokens=new, seed=seed))
+        out = backend.recompute([c.sequence for c in completions])
+        yield (prompts, length, new), seed, _measured(completions, out, engine)
 
 
 def _prompt(index: int, drawn: list[int], markers: Sequence[int]) -> list[int]:
@@ -305,7 +326,7 @@ def threshold(fact: Metric, measured: Measured, plan: Plan) -> tuple[float, str]
 
 def provenance(plan: Plan, infos: Sequence[Any], command: str) -> dict[str, Any]:
     """What the profile was measured on, as its ``[provenance]`` table records it."""
-    from conformance.stack import device_info, package_versions
+    from conformance.host import device_info, package_versions
 
     return {
         "command": command,

@@ -80,7 +80,7 @@ def own_profile(
     the engine precision and the stack's own backend precision; ``cap`` (prompts, prompt
     length, new tokens) is a run's own shape where it is smaller than the depth's batches."""
     from conformance import __version__
-    from conformance.stack import device_info
+    from conformance.host import device_info
 
     model = info.path
     backends = tuple(dict.fromkeys((*default_backend_dtypes(engine_dtype), backend_dtype)))

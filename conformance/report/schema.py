@@ -114,6 +114,13 @@ class Violation(Record):
     def __str__(self) -> str:
         return f"{self.metric} = {metric(self.metric).relation(self.value, self.threshold)}"
 
+    @classmethod
+    def of(cls, breach: Any) -> Violation:
+        """The record of a ``conformance.profiles.Breach`` (or anything with its four fields)."""
+        return cls(
+            metric=breach.metric, value=breach.value, threshold=breach.threshold, bound=breach.bound
+        )
+
 
 @dataclass(kw_only=True)
 class Shrink(Record):

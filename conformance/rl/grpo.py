@@ -8,17 +8,19 @@ rollout weights, or the engine's own log-probs), ``lp_infer`` the engine's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from conformance.errors import UsageError
 
-#: PPO/GRPO clip range, both sides (objective-level-hacking Eq. 2 and §4.1)
-CLIP_EPS = 0.2
-#: GSPO's sequence-level clip range (Zheng et al. 2025, GSPO §5; objective-level-hacking §4.1:
-#: 3e-4 left, 4e-4 right)
-GSPO_EPS = (3e-4, 4e-4)
+# the clipped surrogates are the loss every backend trains with: they live with it, in the core
+from conformance.training import (  # noqa: F401 — GRPO math, as the RL code and its tests name it
+    CLIP_EPS,
+    GSPO_EPS,
+    Surrogate,
+    clipped_surrogate,
+    gspo_surrogate,
+)
+
 #: TIS cap C (Yao et al. 2025; verl ``tis_imp_ratio_cap``)
 TIS_CAP = 2.0
 #: MIS cap C: tokens with ρ > C are dropped
@@ -44,88 +46,6 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
         raise UsageError(f"rewards of shape {tuple(rewards.shape)}", "pass [groups, G >= 2]")
     centred = rewards - rewards.mean(dim=1, keepdim=True)
     return centred / (rewards.std(dim=1, keepdim=True) + eps)
-
-
-@dataclass
-class Surrogate:
-    """A clipped surrogate evaluated on a batch: the objective and where the clip acted."""
-
-    #: ``[B]``: each sequence's objective term (to maximise); the GRPO objective is their mean
-    per_sequence: torch.Tensor
-    #: ``[B, T]``: valid tokens whose gradient the lower clip cut (ratio < 1 − ε_low, Â < 0)
-    clipped_low: torch.Tensor
-    #: ``[B, T]``: valid tokens whose gradient the upper clip cut (ratio > 1 + ε_high, Â > 0)
-    clipped_high: torch.Tensor
-
-    @property
-    def loss(self) -> torch.Tensor:
-        """The negated objective of Eq. 2, ``−(1/G) Σ_i per_sequence[i]``."""
-        return -self.per_sequence.mean()
-
-
-def clipped_surrogate(
-    lp: torch.Tensor,
-    lp_old: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    weights: torch.Tensor | None = None,
-    eps: tuple[float, float] = (CLIP_EPS, CLIP_EPS),
-) -> Surrogate:
-    """Token-level clipped surrogate with decoupled clip ranges and optional token weights ``w``.
-
-    ``per_sequence[i] = (1/|o_i|) Σ_t w_{i,t} · min(r A_i, clip(r, 1 − ε_low, 1 + ε_high) A_i)``,
-    ``r = exp(lp − lp_old)`` (objective-level-hacking Eq. 2, 17; DAPO's decoupled clip,
-    Yu et al. 2025, with ``eps = (ε_low, ε_high)``). The clip acts — the token's gradient is
-    zero — where ``r < 1 − ε_low`` with ``Â < 0`` or ``r > 1 + ε_high`` with ``Â > 0`` (verl's
-    ``pg_clipfrac``).
-    """
-    ratio = torch.exp(torch.where(mask, lp - lp_old, torch.zeros_like(lp)))
-    adv = advantages.unsqueeze(1)
-    clipped = torch.clamp(ratio, 1 - eps[0], 1 + eps[1])
-    objective = torch.minimum(ratio * adv, clipped * adv)
-    if weights is not None:
-        objective = objective * weights
-    per_sequence = (objective * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
-    return Surrogate(
-        per_sequence=per_sequence,
-        clipped_low=(ratio < 1 - eps[0]) & (adv < 0) & mask,
-        clipped_high=(ratio > 1 + eps[1]) & (adv > 0) & mask,
-    )
-
-
-def gspo_surrogate(
-    lp: torch.Tensor,
-    lp_old: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    eps: tuple[float, float] = GSPO_EPS,
-    weights: torch.Tensor | None = None,
-) -> Surrogate:
-    """GSPO-token: one clipped ratio per sequence, ``s_i = exp((1/|o_i|) Σ_t (lp − lp_old))``.
-
-    ``per_sequence[i] = (1/|o_i|) Σ_t w_{i,t} min(s_{i,t} A_i, clip(s_{i,t}, 1 − ε_low,
-    1 + ε_high) A_i)`` with ``s_{i,t} = sg[s_i] · π(o_t) / sg[π(o_t)]`` (Zheng et al. 2025,
-    Eq. 5–7 and GSPO-token Eq. 13; objective-level-hacking Eq. 16, 19). Its value is
-    ``s_i``'s and, without weights, its gradient is GSPO's; ``w`` weights each token's term (the
-    injected distortions of Eq. 19–21). A clipped sequence has all its tokens cut.
-    """
-    lengths = mask.sum(dim=1).clamp(min=1)
-    diff = torch.where(mask, lp - lp_old, torch.zeros_like(lp))
-    seq_ratio = torch.exp(diff.detach().sum(dim=1) / lengths)
-    lp_valid = torch.where(mask, lp, torch.zeros_like(lp))
-    token_ratio = seq_ratio.unsqueeze(1) * torch.exp(lp_valid - lp_valid.detach())
-    adv = advantages.unsqueeze(1)
-    clipped = torch.clamp(token_ratio, 1 - eps[0], 1 + eps[1])
-    objective = torch.minimum(token_ratio * adv, clipped * adv)
-    if weights is not None:
-        objective = objective * weights
-    low = ((seq_ratio < 1 - eps[0]) & (advantages < 0)).unsqueeze(1)
-    high = ((seq_ratio > 1 + eps[1]) & (advantages > 0)).unsqueeze(1)
-    return Surrogate(
-        per_sequence=(objective * mask).sum(dim=1) / lengths,
-        clipped_low=low & mask,
-        clipped_high=high & mask,
-    )
 
 
 def rho(lp_old: torch.Tensor, lp_infer: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ Each step: the engine samples ``group`` responses per prompt with its own log-pr
 recomputes them at the rollout weights (``lp_old``, as verl recomputes old log-probs; it gives
 ρ = exp(lp_old − lp_infer) and the entropy); then ``updates_per_step`` optimizer steps, each on
 the next contiguous 1/K of the batch, through the Backend training protocol
-(``Backend.update``, loss ``conformance.rl.objective.policy_loss``); the new weights go into the
+(``Backend.update``, loss ``conformance.training.policy_loss``); the new weights go into the
 engine (``Backend.state_dict`` → ``Engine.load_weights``). The importance ratio's old policy is
 ``lp_old`` (``old_logprobs="recompute"``: with K = 1 the ratio is 1 and the mismatch acts only
 through the sampling distribution, objective-level-hacking Eq. 4, 8) or the engine's log-probs
@@ -18,6 +18,8 @@ import json
 import random
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,9 +27,10 @@ from typing import Any
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from conformance.backends import BACKENDS, Backend
-from conformance.engines import ENGINES, Engine, SamplingSpec
+from conformance.backends import Backend
+from conformance.engines import Engine, SamplingSpec
 from conformance.errors import UsageError
+from conformance.guard import started
 from conformance.metrics import mismatch_metrics, rho_by_prob_bin
 from conformance.models import inspect_model
 from conformance.profiles import Profile
@@ -40,19 +43,19 @@ from conformance.rl.detectors import (
     lead_steps,
     mismatch_alarm,
 )
-from conformance.rl.objective import (
-    Objective,
-    PolicyBatch,
-    response_logprobs,
-    response_mask,
-    step_stats,
-)
 from conformance.rl.options import OLD_LOGPROBS, UPDATES_PER_STEP
 from conformance.rl.scenarios import Scenario
 from conformance.rl.schedules import FLOOR_FRACTION, LengthDecaySchedule
 from conformance.rl.task import CountingTask, counting_task, position_reward
 from conformance.rl.warmstart import warm_start
 from conformance.stack import StackSpec
+from conformance.training import (
+    Objective,
+    PolicyBatch,
+    response_logprobs,
+    response_mask,
+    step_stats,
+)
 
 #: ρ outside [1/OUTSIDE_BAND, OUTSIDE_BAND] counts as extreme (the TIS/MIS cap C = 2)
 OUTSIDE_BAND = 2.0
@@ -199,16 +202,23 @@ def run_smoke(engine: Engine, backend: Backend, config: RunConfig, out_dir: Path
     return summary
 
 
-def build_stack(spec: StackSpec) -> tuple[Engine, Backend]:
-    """A fresh engine and backend for ``spec`` (a smoke run trains, so it changes both)."""
+@contextmanager
+def started_stack(spec: StackSpec) -> Iterator[tuple[Engine, Backend]]:
+    """A fresh engine and backend for ``spec`` (a smoke run trains, so it changes both),
+    started and guarded as the suites' are (:func:`conformance.guard.started`) and closed when
+    the block ends."""
     model = spec.model_dir()
-    engine = ENGINES.get(spec.engine)(spec.engine_config(model))
-    try:
-        backend = BACKENDS.get(spec.backend)(spec.backend_config(model))
-    except BaseException:
-        engine.close()
-        raise
-    return engine, backend
+    with started(
+        spec.engine,
+        spec.engine_config(model),
+        spec.backend,
+        spec.backend_config(model),
+        start_timeout=spec.start_timeout,
+        call_timeout=spec.call_timeout,
+        # a rollout that stops ends at the model's EOS (the guard holds it to that)
+        eos_token_id=inspect_model(model).eos_token_id,
+    ) as stack:
+        yield stack
 
 
 def sync(engine: Engine, state: dict[str, torch.Tensor] | Any) -> None:

@@ -10,6 +10,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from conformance.options import dest
+
 #: where the importance ratio's denominator comes from: the trainer's recompute at the rollout
 #: weights (verl's default) or the engine's own log-probs (verl's bypass mode, decoupled PPO)
 OLD_LOGPROBS = ("recompute", "engine")
@@ -27,7 +29,7 @@ class TrainingOption:
 
     @property
     def dest(self) -> str:
-        return "tim_" + self.name.replace("-", "_")
+        return dest(self.name)
 
     @property
     def field(self) -> str:

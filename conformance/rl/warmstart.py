@@ -9,8 +9,8 @@ from __future__ import annotations
 import random
 
 from conformance.backends.base import Backend
-from conformance.rl.objective import Objective, PolicyBatch
 from conformance.rl.task import CountingTask
+from conformance.training import Objective, PolicyBatch
 
 WARM_BATCH = 32
 

@@ -16,7 +16,7 @@ import torch
 from support.server_processes import all_end, group_ends
 
 from conformance.backends import BACKENDS, BackendConfig
-from conformance.rl.objective import COUNTS, Objective, PolicyBatch
+from conformance.training import COUNTS, Objective, PolicyBatch
 
 pytestmark = pytest.mark.fsdp
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from conformance.rl.loop import RunConfig, build_stack, run_smoke
+from conformance.rl.loop import RunConfig, run_smoke, started_stack
 from conformance.rl.scenarios import Scenario
 from conformance.stack import StackSpec
 
@@ -25,12 +25,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def _timed_run(benchmark, spec: StackSpec, config: RunConfig, out) -> None:
 
     def one_run():
-        engine, backend = build_stack(spec)
-        try:
+        with started_stack(spec) as (engine, backend):
             return run_smoke(engine, backend, config, out)
-        finally:
-            engine.close()
-            backend.close()
 
     summary = benchmark.pedantic(one_run, rounds=1, iterations=1)
     assert summary.steps == config.steps

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_verdicts import ENGINES, REPO, certify, certify_interrupted, failed_checks
+from support.certify_runs import ENGINES, REPO, certify, certify_interrupted, failed_checks
 
 from conformance.profiles import load_profile
 

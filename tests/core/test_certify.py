@@ -162,3 +162,42 @@ def test_tokenizer_vocab_mismatch_is_one_line(tmp_path, cli_env, default_model):
 def test_missing_engine_package_is_one_line(tmp_path, cli_env):
     line = _one_line_error(certify("--engine", "vllm", env=cli_env, cwd=tmp_path))
     assert "vllm" in line and "pip install" in line
+
+
+#: certify run in a subprocess with StackSpec's constructors counted (each still the real one)
+_COUNTED_CERTIFY = """
+import collections, sys
+from conformance.stack import StackSpec
+calls = collections.Counter()
+built, checked = StackSpec.from_options.__func__, StackSpec.preflight
+def from_options(cls, values):
+    calls["from_options"] += 1
+    return built(cls, values)
+def preflight(self):
+    calls["preflight"] += 1
+    return checked(self)
+StackSpec.from_options, StackSpec.preflight = classmethod(from_options), preflight
+from conformance.cli import main
+sys.argv = ["tim-conformance", "certify", *sys.argv[1:]]
+code = main(sys.argv[1:])
+print("calls", dict(calls), "exit", code)
+"""
+
+
+def test_certify_builds_and_preflights_the_spec_once(tmp_path, cli_env):
+    """The spec certify builds reaches the plugin as it is: not rebuilt from flags there, nor
+    preflighted (a profile decision, perhaps a calibration) a second time."""
+    args = ["--examples", "2", "--suite", "prefill_parity", "--out", str(tmp_path / "run")]
+    result = subprocess.run(
+        [sys.executable, "-c", _COUNTED_CERTIFY, *args],
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        cwd=tmp_path,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "calls {'from_options': 1, 'preflight': 1} exit 0" in result.stdout, result.stdout
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    # the report records certify's own command, which names what was run
+    assert report["command"].startswith("tim-conformance certify --examples 2")

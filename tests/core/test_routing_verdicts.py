@@ -9,7 +9,8 @@ incomplete (exit 2)."""
 from __future__ import annotations
 
 import pytest
-from test_verdicts import ENGINES, NAMED_CAUSES, certify, failed_checks
+from support.certify_runs import ENGINES, certify, failed_checks
+from test_verdicts import NAMED_CAUSES
 
 pytestmark = pytest.mark.slow
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.certify_runs import ENGINES, REPO, certify, certify_interrupted, failed_checks
 
 from conformance.depth import DEPTHS
 from conformance.metric_table import METRIC_NAMES
@@ -31,41 +32,6 @@ NAMED_CAUSES = (
 #: what the support property's failure says (``conformance.session``'s audit)
 OUTSIDE_SUPPORT = "outside the stated sampler's support"
 
-REPO = Path(__file__).resolve().parents[2]
-ENGINES = "tests.support.engines:"
-
-
-def certify(*args: str, env: dict[str, str], out: Path) -> tuple[int, dict, str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "conformance", "certify", "--out", str(out), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=1800,
-    )
-    report = json.loads((out / "report.json").read_text())
-    return result.returncode, report, result.stdout + result.stderr
-
-
-def certify_interrupted(
-    *args: str, env: dict[str, str], out: Path, at: str, signal_name: str
-) -> tuple[int, str]:
-    """Run certify, send it ``signal_name`` once a line of its output holds ``at``, and return
-    its exit code and output."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "conformance", "certify", "--out", str(out), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
-    )  # fmt: skip
-    said = []
-    for line in process.stdout:
-        said.append(line)
-        if at in line:
-            process.send_signal(getattr(signal, signal_name))
-            break
-    said.extend(process.stdout)
-    return process.wait(timeout=600), "".join(said)
-
 
 def replay(case: dict, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """Run a recorded case's replay command, as a user pastes it."""
@@ -73,10 +39,6 @@ def replay(case: dict, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", *shlex.split(case["replay"]), "-p", "no:cacheprovider", "-q"],
         capture_output=True, text=True, cwd=REPO, env=env, timeout=1800,
     )  # fmt: skip
-
-
-def failed_checks(report: dict) -> list[dict]:
-    return [c for c in report["checks"] if c["status"] == "fail"]
 
 
 #: engine, the suites that run, the suite(s) of which at least one must catch it, and a phrase

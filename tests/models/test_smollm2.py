@@ -15,14 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from tests.core.test_verdicts import REPO, certify, failed_checks
+from support.certify_runs import ENGINES, REPO, certify, failed_checks
 
 pytestmark = [pytest.mark.smollm2, pytest.mark.slow]
 
 #: the run shape CI certifies at: every suite reaches it, and a certify takes minutes on 2 cores
 CI_SHAPE = ("--max-prompt-len", "48", "--max-new-tokens", "24", "--max-batch", "4")
-ENGINES = "tests.support.engines:"
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import torch
 
 from conformance.metrics import mismatch_metrics
 from conformance.profiles import Profile
-from conformance.report.schema import Check, ProfileInfo, Report, Stack
+from conformance.report.schema import Check, ProfileInfo, Report, Stack, Violation
 
 VOCAB = 384
 #: an fp32-like profile for these tests: tight upper bounds, a lower bound on pcc
@@ -70,7 +70,7 @@ def make_check(suite: str, index: int, m: Measured, thresholds: dict[str, float]
         message="; ".join(f"{v.metric} = {v.value:.3g} vs {v.threshold:g}" for v in violations),
         metrics=metrics,
         thresholds=dict(thresholds),
-        violations=violations,
+        violations=[Violation.of(v) for v in violations],
         worst_case=worst_case if violations else None,
         samples={
             "lp_train": m.lp_train[m.mask].tolist(),

@@ -12,7 +12,7 @@ from conformance.backends import BACKENDS, Backend, BackendConfig
 from conformance.engines import ENGINES, EngineConfig
 from conformance.errors import UsageError
 from conformance.rl.loop import RunConfig, run_smoke, trained
-from conformance.rl.objective import Objective, PolicyBatch
+from conformance.training import Objective, PolicyBatch
 
 PROMPT = 3
 

@@ -10,7 +10,7 @@ import torch
 
 from conformance.errors import UsageError
 from conformance.rl import grpo
-from conformance.rl.objective import (
+from conformance.training import (
     COUNTS,
     Objective,
     PolicyBatch,

@@ -18,7 +18,7 @@ from conformance.engines.base import Engine, EngineConfig
 from conformance.errors import UsageError
 from conformance.profiles import load_profile
 from conformance.rl.detectors import reward_drop_step
-from conformance.rl.loop import RLSummary, RunConfig, build_stack, run_smoke, sync
+from conformance.rl.loop import RLSummary, RunConfig, run_smoke, started_stack, sync
 from conformance.rl.scenarios import Scenario
 from conformance.stack import StackSpec
 
@@ -36,14 +36,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def smoke(
     tmp_path: Path, scenario: Scenario, seed: int, steps: int, engine_dtype: str = "float32"
 ) -> tuple[RLSummary, list[dict]]:
-    engine, backend = build_stack(replace(StackSpec(), engine_dtype=engine_dtype))
-    try:
-        profile = load_profile(implied_profile(engine_dtype, "float32"))
-        config = RunConfig(scenario, steps=steps, seed=seed, profile=profile)
+    profile = load_profile(implied_profile(engine_dtype, "float32"))
+    config = RunConfig(scenario, steps=steps, seed=seed, profile=profile)
+    with started_stack(replace(StackSpec(), engine_dtype=engine_dtype)) as (engine, backend):
         summary = run_smoke(engine, backend, config, tmp_path)
-    finally:
-        engine.close()
-        backend.close()
     rows = [json.loads(line) for line in (tmp_path / "rl.jsonl").read_text().splitlines()]
     assert len(rows) == steps
     assert json.loads((tmp_path / "rl-summary.json").read_text()) == summary.as_dict()

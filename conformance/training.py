@@ -1,4 +1,5 @@
-"""What one training step minimises: the batch a backend trains on and its loss, as pure functions.
+"""What one training step minimises: the batch a backend trains on, its loss and the clipped
+surrogates it is built from, as pure functions (the core: backends and the RL loop import it).
 
 ``Backend.update(batch)`` (``conformance.backends.base``) computes the response log-probabilities
 of ``batch.sequences`` with grad at its current weights, calls :func:`policy_loss` on them and
@@ -30,9 +31,13 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from conformance.errors import UsageError
-from conformance.rl import grpo
 from conformance.routing import Routes
 
+#: PPO/GRPO clip range, both sides (objective-level-hacking Eq. 2 and §4.1)
+CLIP_EPS = 0.2
+#: GSPO's sequence-level clip range (Zheng et al. 2025, GSPO §5; objective-level-hacking §4.1:
+#: 3e-4 left, 4e-4 right)
+GSPO_EPS = (3e-4, 4e-4)
 #: gradient-norm clip (verl's default ``grad_clip``); the reported norm is the one before it
 MAX_GRAD_NORM = 1.0
 #: the optimizer every backend uses for ``update``: torch Adam with its defaults but the LR
@@ -44,8 +49,8 @@ ADAM_EPS = 1e-8
 OBJECTIVES = ("token-clip", "seq-clip", "nll")
 #: the clip ranges each objective uses unless told otherwise
 DEFAULT_CLIP = {
-    "token-clip": (grpo.CLIP_EPS, grpo.CLIP_EPS),
-    "seq-clip": grpo.GSPO_EPS,
+    "token-clip": (CLIP_EPS, CLIP_EPS),
+    "seq-clip": GSPO_EPS,
     "nll": (0.0, 0.0),
 }
 #: the additive counts :func:`policy_loss` reports (sum them over shards and updates)
@@ -79,6 +84,88 @@ class Objective:
             low if self.clip_low is None else self.clip_low,
             high if self.clip_high is None else self.clip_high,
         )
+
+
+@dataclass
+class Surrogate:
+    """A clipped surrogate evaluated on a batch: the objective and where the clip acted."""
+
+    #: ``[B]``: each sequence's objective term (to maximise); the GRPO objective is their mean
+    per_sequence: torch.Tensor
+    #: ``[B, T]``: valid tokens whose gradient the lower clip cut (ratio < 1 − ε_low, Â < 0)
+    clipped_low: torch.Tensor
+    #: ``[B, T]``: valid tokens whose gradient the upper clip cut (ratio > 1 + ε_high, Â > 0)
+    clipped_high: torch.Tensor
+
+    @property
+    def loss(self) -> torch.Tensor:
+        """The negated objective of Eq. 2, ``−(1/G) Σ_i per_sequence[i]``."""
+        return -self.per_sequence.mean()
+
+
+def clipped_surrogate(
+    lp: torch.Tensor,
+    lp_old: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    weights: torch.Tensor | None = None,
+    eps: tuple[float, float] = (CLIP_EPS, CLIP_EPS),
+) -> Surrogate:
+    """Token-level clipped surrogate with decoupled clip ranges and optional token weights ``w``.
+
+    ``per_sequence[i] = (1/|o_i|) Σ_t w_{i,t} · min(r A_i, clip(r, 1 − ε_low, 1 + ε_high) A_i)``,
+    ``r = exp(lp − lp_old)`` (objective-level-hacking Eq. 2, 17; DAPO's decoupled clip,
+    Yu et al. 2025, with ``eps = (ε_low, ε_high)``). The clip acts — the token's gradient is
+    zero — where ``r < 1 − ε_low`` with ``Â < 0`` or ``r > 1 + ε_high`` with ``Â > 0`` (verl's
+    ``pg_clipfrac``).
+    """
+    ratio = torch.exp(torch.where(mask, lp - lp_old, torch.zeros_like(lp)))
+    adv = advantages.unsqueeze(1)
+    clipped = torch.clamp(ratio, 1 - eps[0], 1 + eps[1])
+    objective = torch.minimum(ratio * adv, clipped * adv)
+    if weights is not None:
+        objective = objective * weights
+    per_sequence = (objective * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+    return Surrogate(
+        per_sequence=per_sequence,
+        clipped_low=(ratio < 1 - eps[0]) & (adv < 0) & mask,
+        clipped_high=(ratio > 1 + eps[1]) & (adv > 0) & mask,
+    )
+
+
+def gspo_surrogate(
+    lp: torch.Tensor,
+    lp_old: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps: tuple[float, float] = GSPO_EPS,
+    weights: torch.Tensor | None = None,
+) -> Surrogate:
+    """GSPO-token: one clipped ratio per sequence, ``s_i = exp((1/|o_i|) Σ_t (lp − lp_old))``.
+
+    ``per_sequence[i] = (1/|o_i|) Σ_t w_{i,t} min(s_{i,t} A_i, clip(s_{i,t}, 1 − ε_low,
+    1 + ε_high) A_i)`` with ``s_{i,t} = sg[s_i] · π(o_t) / sg[π(o_t)]`` (Zheng et al. 2025,
+    Eq. 5–7 and GSPO-token Eq. 13; objective-level-hacking Eq. 16, 19). Its value is
+    ``s_i``'s and, without weights, its gradient is GSPO's; ``w`` weights each token's term (the
+    injected distortions of Eq. 19–21). A clipped sequence has all its tokens cut.
+    """
+    lengths = mask.sum(dim=1).clamp(min=1)
+    diff = torch.where(mask, lp - lp_old, torch.zeros_like(lp))
+    seq_ratio = torch.exp(diff.detach().sum(dim=1) / lengths)
+    lp_valid = torch.where(mask, lp, torch.zeros_like(lp))
+    token_ratio = seq_ratio.unsqueeze(1) * torch.exp(lp_valid - lp_valid.detach())
+    adv = advantages.unsqueeze(1)
+    clipped = torch.clamp(token_ratio, 1 - eps[0], 1 + eps[1])
+    objective = torch.minimum(token_ratio * adv, clipped * adv)
+    if weights is not None:
+        objective = objective * weights
+    low = ((seq_ratio < 1 - eps[0]) & (advantages < 0)).unsqueeze(1)
+    high = ((seq_ratio > 1 + eps[1]) & (advantages > 0)).unsqueeze(1)
+    return Surrogate(
+        per_sequence=(objective * mask).sum(dim=1) / lengths,
+        clipped_low=low & mask,
+        clipped_high=high & mask,
+    )
 
 
 def adam_at(
@@ -252,13 +339,9 @@ def policy_loss(
     old = batch.old_logprobs.to(logprobs.dtype)
     adv = batch.advantages.to(logprobs.dtype)
     if kind == "seq-clip":
-        surrogate = grpo.gspo_surrogate(
-            logprobs, old, adv, mask, batch.objective.eps, batch.weights
-        )
+        surrogate = gspo_surrogate(logprobs, old, adv, mask, batch.objective.eps, batch.weights)
     else:
-        surrogate = grpo.clipped_surrogate(
-            logprobs, old, adv, mask, batch.weights, batch.objective.eps
-        )
+        surrogate = clipped_surrogate(logprobs, old, adv, mask, batch.weights, batch.objective.eps)
     cut = surrogate.clipped_low | surrogate.clipped_high
     log_r = torch.where(mask, logprobs.detach() - old, torch.zeros_like(old))
     counts["clip_low"] = float(surrogate.clipped_low.sum())

@@ -1,4 +1,5 @@
-"""Engine options as ``--tim-engine-option KEY=VALUE`` gives them (strings), parsed and checked."""
+"""Engine and backend options as ``--engine-option``/``--backend-option KEY=VALUE`` give them
+(strings), parsed and checked: one parser in the core that every adapter uses."""
 
 from __future__ import annotations
 

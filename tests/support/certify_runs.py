@@ -1,0 +1,49 @@
+"""Running ``tim-conformance certify`` as a user does, for the tests that judge its verdicts:
+a subprocess from the repository root, its exit code, report.json and output."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ENGINES = "tests.support.engines:"
+
+
+def certify(*args: str, env: dict[str, str], out: Path) -> tuple[int, dict, str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "conformance", "certify", "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=1800,
+    )
+    report = json.loads((out / "report.json").read_text())
+    return result.returncode, report, result.stdout + result.stderr
+
+
+def certify_interrupted(
+    *args: str, env: dict[str, str], out: Path, at: str, signal_name: str
+) -> tuple[int, str]:
+    """Run certify, send it ``signal_name`` once a line of its output holds ``at``, and return
+    its exit code and output."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "conformance", "certify", "--out", str(out), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
+    )  # fmt: skip
+    said = []
+    for line in process.stdout:
+        said.append(line)
+        if at in line:
+            process.send_signal(getattr(signal, signal_name))
+            break
+    said.extend(process.stdout)
+    return process.wait(timeout=600), "".join(said)
+
+
+def failed_checks(report: dict) -> list[dict]:
+    return [c for c in report["checks"] if c["status"] == "fail"]
