@@ -363,7 +363,13 @@ def batch_shapes(
         if kind == "grouped":
             group = top_group or draw(st.sampled_from(groups))
             low, high = max(1, -(-min_batch // group)), max_batch // group
-            prompts = sized(draw(log_sizes(low, high)), low, high, group)
+            if top_group:
+                # the run's longest prompt in whole groups of the run's size: as many as fit
+                per_group = group * (max_len + new_tokens)
+                fits = high if max_tokens is None else max_tokens // per_group
+                prompts = max(low, min(high, fits))
+            else:
+                prompts = sized(draw(log_sizes(low, high)), low, high, group)
             top = longest(prompts * group)
             distinct = [draw(log_sizes(min_len, top)) for _ in range(prompts)]
             lengths = tuple(n for n in distinct for _ in range(group))

@@ -139,6 +139,10 @@ def test_engine_dying_mid_run_keeps_measurements_and_is_incomplete(tmp_path, cli
         (["--engine-option", "novalue"], "KEY=VALUE"),
         (["--no-such-flag"], "--no-such-flag"),
         (["--suites", "/nonexistent/suites"], "/nonexistent/suites"),
+        (["--max-new-tokens", "0"], "max-new-tokens"),
+        (["--group-size", "16", "--max-batch", "8"], "--max-batch 16"),
+        # the embedded model has 4,096 positions
+        (["--max-prompt-len", "4000", "--max-new-tokens", "200"], "needs 4201 positions"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_fix(tmp_path, cli_env, args, named):

@@ -270,3 +270,51 @@ def test_a_spec_that_ignores_eos_takes_no_stops():
     assert spec.stop_token_ids == (7, 5) and spec.stops_at(1) == {1, 5, 7}
     assert SamplingSpec().stops_at(1) == frozenset()
     assert find(sampling_specs(stop_token_ids=(5,)), lambda s: True).stop_token_ids == ()
+
+
+@pytest.mark.parametrize("group", [3, 8, 12])
+def test_a_run_shape_is_reached_by_the_example_at_the_top(group):
+    """A run's own shape replaces the depth's limits, and the one example each property runs
+    at the top reaches all of it at once: its longest prompt and rollout, its batch, and a
+    grouped batch at its group size (the token budget grows to hold one such group)."""
+    depth = DEPTHS["quick"].with_run_shape(
+        max_prompt_len=2600, max_new_tokens=600, max_batch=24, group_size=group
+    )
+    assert depth.max_batch_tokens >= group * (2600 + 600)
+    model = SimpleNamespace(vocab_size=VOCAB, max_position_embeddings=4096, special_token_ids=[])
+    seen = []
+
+    @settings(max_examples=1, database=None, deadline=None)
+    @given(data=st.data())
+    def draw(data):
+        spec = data.draw(sampling_specs(max_new_tokens=new_tokens(depth)))
+        seen.append((spec, *data.draw(prompt_batches(model, depth, max_new_tokens=600))))
+
+    with one_example_at_top(draw):
+        draw()
+    ((spec, shape, prompts),) = seen
+    assert spec.max_new_tokens == 600
+    assert shape.kind == "grouped" and shape.group_size == group
+    assert max(shape.lengths) == 2600
+    fits = depth.max_batch_tokens // (group * 3200)
+    assert shape.batch_size == group * max(1, min(24 // group, fits))
+
+
+def test_a_run_group_size_replaces_the_larger_default_groups():
+    shapes = batch_shapes(max_batch=32, max_len=8, group_size=6)
+    seen = set()
+    find(shapes, lambda s: s.kind == "grouped" and s.group_size == 6)
+    for _ in range(200):
+        shape = shapes.example()
+        if shape.kind == "grouped":
+            seen.add(shape.group_size)
+    assert seen <= {2, 4, 6}
+
+
+def test_a_run_shape_keeps_the_depth_where_it_names_nothing():
+    quick = DEPTHS["quick"]
+    assert quick.with_run_shape() == quick
+    shaped = quick.with_run_shape(max_new_tokens=600)
+    assert (shaped.max_new_tokens, shaped.max_prompt_len, shaped.max_batch) == (600, 512, 32)
+    with pytest.raises(UsageError, match=r"--group-size 16 .*fix: pass --max-batch 16"):
+        quick.with_run_shape(max_batch=8, group_size=16)
