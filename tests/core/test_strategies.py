@@ -292,7 +292,7 @@ def test_a_run_shape_is_reached_by_the_example_at_the_top(group):
 
     with one_example_at_top(draw):
         draw()
-    ((spec, shape, prompts),) = seen
+    ((spec, shape, _),) = seen
     assert spec.max_new_tokens == 600
     assert shape.kind == "grouped" and shape.group_size == group
     assert max(shape.lengths) == 2600
