@@ -259,6 +259,7 @@ def start(
     on_crash: Callable[..., None] | None = None,
     timing: dict[str, float] | None = None,
     eos_token_id: int | None = None,
+    audit: Callable[[Guarded, str, tuple[Any, ...], Any], None] | None = None,
 ) -> Guarded:
     """Start the ``kind`` (``"engine"``/``"backend"``) registered as ``name`` on ``config``,
     within ``start_timeout`` seconds, and return it :class:`Guarded` (each call held to
@@ -267,7 +268,7 @@ def start(
     A component that fails to start raises :class:`EngineUnavailable`: one line naming the
     component and its own reason and fix (a :class:`ConformanceError`), else its exception's
     first line; ``on_crash(line, fix=..., exc=...)`` hears of it first (the session logs the
-    traceback there).
+    traceback there). ``audit`` hears of each call's arguments and answer (``Guarded``).
     """
     component_cls = (ENGINES if kind == "engine" else BACKENDS).get(name)
     timing = timing if timing is not None else defaultdict(float)
@@ -295,6 +296,7 @@ def start(
         timing=timing,
         deadline_s=call_timeout,
         eos_token_id=eos_token_id,
+        audit=audit,
     )
 
 
