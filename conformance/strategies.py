@@ -394,17 +394,40 @@ def token_batches(
     *,
     shape: BatchShape | SearchStrategy[BatchShape] | None = None,
     special_ids: Sequence[int] = (),
+    chat_prompts: Sequence[Sequence[int]] = (),
 ) -> SearchStrategy[tuple[BatchShape, list[list[int]]]]:
     """Return a strategy for ``(shape, prompts)``: prompts of exactly the shape's lengths,
-    repeated within groups and sharing the prefix as the shape's kind says."""
+    repeated within groups and sharing the prefix as the shape's kind says.
+
+    - chat_prompts: natural-language prompts rendered by the model's chat template
+      (:func:`conformance.chat_prompts.rendered_prompts`). Where given, each drawn sequence is
+      either random ids, as without them (what shrinking reaches), or chat text
+      (:func:`chat_text`): the rendered prompts run together and cut to the sequence's length
+      so that one of them, ending at the assistant's turn, ends it, so a trained model
+      continues a prompt like those it was trained on. Lengths, groups and shared prefixes
+      stay as the shape says.
+    """
     shapes = _as_strategy(shape) if shape is not None else batch_shapes()
+    rendered = tuple(tuple(p) for p in chat_prompts)
+    if any(not p or not all(0 <= t < vocab_size for t in p) for p in rendered):
+        raise UsageError(
+            f"token_batches: a chat prompt is empty or has ids outside [0, {vocab_size})",
+            "render chat_prompts with the model's own tokenizer",
+        )
+    picks = st.integers(0, len(rendered) - 1) if rendered else None
 
     @st.composite
     def build(draw: st.DrawFn) -> tuple[BatchShape, list[list[int]]]:
         drawn = draw(shapes)
 
         def ids(n: int, position: int) -> list[int]:
-            return _draw_ids(draw, n, vocab_size, 0, special_ids, position)
+            drawn_ids = _draw_ids(draw, n, vocab_size, 0, special_ids, position)
+            if picks is None:
+                return drawn_ids
+            # the same choices on either branch: Hypothesis ranks shorter choice sequences
+            # simpler, so chat text drawn with fewer would be where shrinking ends
+            chat, pick = draw(st.booleans()), draw(picks)
+            return chat_text(rendered, pick, n) if chat else drawn_ids
 
         if drawn.kind == "grouped":
             distinct = [ids(n, i) for i, n in enumerate(drawn.lengths[:: drawn.group_size])]
@@ -417,6 +440,26 @@ def token_batches(
         return drawn, [ids(n, i) for i, n in enumerate(drawn.lengths)]
 
     return build()
+
+
+def chat_text(rendered: Sequence[Sequence[int]], last: int, length: int) -> list[int]:
+    """``length`` ids of chat text: the rendered prompts ``rendered[last]``, and before it
+    ``rendered[last − 1]``, ``rendered[last − 2]``, … (cyclically) as far as needed, run
+    together and cut at the start, so ``rendered[last]`` (or its end, where it is longer than
+    ``length``) ends the sequence.
+
+    >>> chat_text([[1, 2], [3, 4, 5]], 1, 4)
+    [2, 3, 4, 5]
+    """
+    pieces: list[Sequence[int]] = []
+    total, index = 0, last
+    while total < length:
+        piece = rendered[index % len(rendered)]
+        pieces.append(piece)
+        total += len(piece)
+        index -= 1
+    ids = [t for piece in reversed(pieces) for t in piece]
+    return ids[len(ids) - length :]
 
 
 def stop_token_ids(

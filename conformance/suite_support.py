@@ -10,6 +10,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from conformance.chat_prompts import rendered_prompts
 from conformance.depth import Depth
 from conformance.engines.base import Completion, SamplingSpec
 from conformance.routing import Routes
@@ -45,11 +46,15 @@ def prompt_batches(
 ) -> st.SearchStrategy[tuple[BatchShape, list[list[int]]]]:
     """Batches of prompts as large as ``depth`` reaches (``max_batch`` caps the size below it,
     ``max_len`` the prompt length) that fit the model's context, and the depth's token budget,
-    together with ``max_new_tokens``."""
+    together with ``max_new_tokens``. Where the model's tokenizer has a chat template
+    (``model.chat_template``), the prompts mix random ids with chat-templated natural-language
+    ones (:mod:`conformance.chat_prompts`), as RL feeds a trained model."""
+    chat = getattr(model, "chat_template", False)
     return _prompt_batches(
         model.vocab_size,
         model.max_position_embeddings,
         tuple(model.special_token_ids),
+        str(model.path) if chat else None,
         depth,
         max_new_tokens,
         min_len,
@@ -67,6 +72,7 @@ def _prompt_batches(
     vocab_size: int,
     context: int,
     special_ids: tuple[int, ...],
+    chat_model: str | None,
     depth: Depth,
     max_new_tokens: int,
     min_len: int,
@@ -88,7 +94,14 @@ def _prompt_batches(
         new_tokens=max_new_tokens,
         group_size=depth.group_size,
     )
-    return token_batches(vocab_size, shape=shapes, special_ids=special_ids)
+    chat = _chat_prompts(chat_model) if chat_model is not None else ()
+    return token_batches(vocab_size, shape=shapes, special_ids=special_ids, chat_prompts=chat)
+
+
+@functools.lru_cache(maxsize=4)
+def _chat_prompts(path: str) -> tuple[tuple[int, ...], ...]:
+    """The corpus rendered by the chat template of the model in ``path``, once per model."""
+    return rendered_prompts(_tokenizer(path))
 
 
 def new_tokens(depth: Depth) -> st.SearchStrategy[int]:

@@ -34,6 +34,9 @@ class ModelInfo:
     #: experts per MoE layer (0: a dense model), from ``num_experts`` (Qwen-MoE) or
     #: ``num_local_experts`` (Mixtral)
     num_experts: int = 0
+    #: whether the tokenizer has a chat template (:func:`has_chat_template`): the suites then
+    #: draw chat-templated natural-language prompts among the random ones
+    chat_template: bool = False
 
 
 def inspect_model(path: Path) -> ModelInfo:
@@ -75,7 +78,20 @@ def inspect_model(path: Path) -> ModelInfo:
         num_layers=config["num_hidden_layers"],
         sha256=folder_digest(path),
         num_experts=_experts(config),
+        chat_template=has_chat_template(path),
     )
+
+
+def has_chat_template(path: Path) -> bool:
+    """Whether the tokenizer in ``path`` has a chat template: a ``chat_template.jinja`` file
+    (transformers 5 saves it so) or a ``chat_template`` in ``tokenizer_config.json``."""
+    path = Path(path)
+    if (path / "chat_template.jinja").is_file():
+        return True
+    config = path / "tokenizer_config.json"
+    if not config.is_file():
+        return False
+    return bool(_read_json(config, "a valid tokenizer config").get("chat_template"))
 
 
 def declared_experts(path: Path) -> int:

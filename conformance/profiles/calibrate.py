@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.metric_table import METRICS, Metric, metric
-from conformance.strategies import RUN_LENGTHS, in_runs, marker_ids
+from conformance.strategies import RUN_LENGTHS, chat_text, in_runs, marker_ids
 from conformance.suite_support import ROLLOUT_SUITES
 from conformance.weights import SYNC_SEEDS, SYNC_SUITE, perturbed, read_weights, write_model
 
@@ -74,8 +74,9 @@ FIRST_PROMPT_ID = 3
 #: so a change measures them again): 2 added the runs of one id, 3 the Z_SIGMAS floor, 4 keeps
 #: the rollout suites' per-example and quadratic bounds at the base ones where routes flip, 5
 #: leaves k3 and max |Δp| unbounded there (``exp_scale``), adds ``FLIP_FLOORS`` and keeps the
-#: rollout suites' pool-scaled bounds at the base ones too
-METHOD = 5
+#: rollout suites' pool-scaled bounds at the base ones too, 6 measures chat text on a model with
+#: a chat template (``CHAT_EVERY``; a model without one measures what 5 did)
+METHOD = 6
 #: where routes flip, metric → the per-token metric whose bound its bound is at least: a
 #: sequence's |Σ log ρ|/√T is its one token's |Δlp| when T = 1, and the suites draw rollouts
 #: from one token, so one flipped token as far off as max |Δlp| allows may set it alone (a
@@ -86,6 +87,10 @@ FLIP_FLOORS = {"seq_log_ratio_per_sqrt_len_max": "abs_diff_max"}
 #: suites draw such sequences first (the simplest ids), and on them a sound fp16 stack's
 #: per-sequence |Σ log ρ|/√len reached 5× what random prompts had measured (0.082 vs 0.016)
 CONSTANT_EVERY = 5
+#: where the model has a chat template, every this-many-th of the other prompts is chat text
+#: (:func:`conformance.strategies.chat_text`), as the suites draw it then: a trained model's
+#: numbers on its own kind of text, not only on random ids, set its bounds
+CHAT_EVERY = 2
 
 Batch = tuple[int, int, int]
 Progress = Callable[[str], None]
@@ -189,6 +194,7 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measureme
                 [i for i in range(FIRST_PROMPT_ID, info.vocab_size) if i not in special]
             )
             markers = marker_ids(info.vocab_size, info.special_token_ids)
+            chat = _chat_prompts(info)
             for index, (label, folder) in enumerate(_variants(info.path, Path(scratch))):
                 synced = index > 0  # the model holding the weight-sync suite's weights
                 engine_config = EngineConfig(model=folder, dtype=plan.engine_dtype)
@@ -202,7 +208,7 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measureme
                         # closed before the next one loads: a user's model may not fit twice
                         with closing(start("backend", REFERENCE[1], backend_config)) as backend:
                             for (prompts, length, new), seed, measured in _batches(
-                                engine, backend, ids, markers, batches, plan.sampling_seeds
+                                engine, backend, ids, markers, batches, plan.sampling_seeds, chat
                             ):
                                 for kind, metrics in measured.items():
                                     for name, value in metrics.items():
@@ -227,9 +233,10 @@ def _batches(
     markers: Sequence[int],
     batches: Sequence[Batch],
     seeds: Sequence[int],
+    chat: Sequence[Sequence[int]] = (),
 ) -> Iterator[tuple[Batch, int, dict[str, dict[str, float]]]]:
     """Each batch size and sampling seed, with the metrics of one rollout batch of that size
-    drawn from ``ids`` (:func:`_measured`)."""
+    drawn from ``ids`` and the rendered ``chat`` prompts (:func:`_measured`)."""
     import torch
 
     from conformance.engines import SamplingSpec
@@ -240,17 +247,23 @@ def _batches(
         # the suites' prompts repeat tokens in runs, and repetition drifts further in bf16 (a
         # sound llama stack's weight-sync check broke a profile measured on prompts without
         # it: 0.85 against 0.69)
-        batch = [_prompt(i, row, markers) for i, row in enumerate(ids[drawn].tolist())]
+        batch = [_prompt(i, row, markers, chat) for i, row in enumerate(ids[drawn].tolist())]
         completions = engine.generate(batch, SamplingSpec(max_new_tokens=new, seed=seed))
         out = backend.recompute([c.sequence for c in completions])
         yield (prompts, length, new), seed, _measured(completions, out, engine)
 
 
-def _prompt(index: int, drawn: list[int], markers: Sequence[int]) -> list[int]:
+def _prompt(
+    index: int, drawn: list[int], markers: Sequence[int], chat: Sequence[Sequence[int]] = ()
+) -> list[int]:
     """A batch's ``index``-th prompt, as long as ``drawn``: every ``CONSTANT_EVERY``-th one id
-    repeated (cycling through ``markers``), the others ``drawn`` in runs of ``RUN_LENGTHS``."""
+    repeated (cycling through ``markers``); of the others, where ``chat`` holds rendered chat
+    prompts, every ``CHAT_EVERY``-th chat text, each ending with the next of them; the rest
+    ``drawn`` in runs of ``RUN_LENGTHS``."""
     if index % CONSTANT_EVERY == CONSTANT_EVERY - 1:
         return [markers[index // CONSTANT_EVERY % len(markers)]] * len(drawn)
+    if chat and index % CHAT_EVERY == 0:
+        return chat_text(chat, index // CHAT_EVERY, len(drawn))
     return in_runs(drawn, RUN_LENGTHS[index % len(RUN_LENGTHS)])
 
 
@@ -281,6 +294,18 @@ def _metrics(lp_train: Sequence[Any], lp_infer: Sequence[Any]) -> dict[str, floa
     train, mask = stack_ragged(lp_train)
     infer, _ = stack_ragged(lp_infer)
     return mismatch_metrics(train, infer, mask)
+
+
+def _chat_prompts(info: Any) -> tuple[tuple[int, ...], ...]:
+    """The corpus rendered by the chat template of the model ``info`` describes; none where it
+    has no template."""
+    if not info.chat_template:
+        return ()
+    from transformers import AutoTokenizer
+
+    from conformance.chat_prompts import rendered_prompts
+
+    return rendered_prompts(AutoTokenizer.from_pretrained(info.path))
 
 
 def _variants(model: Path, scratch: Path) -> list[tuple[str, Path]]:

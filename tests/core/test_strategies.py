@@ -19,6 +19,7 @@ from conformance.strategies import (
     at_top_sizes,
     batch_buckets,
     batch_shapes,
+    chat_text,
     log_sizes,
     precisions,
     sampling_specs,
@@ -176,6 +177,8 @@ def test_sampling_specs_shrink_to_plain_sampling_and_accept_values():
         (lambda: batch_shapes(min_batch=0), "batch_shapes batch"),
         (lambda: batch_shapes(min_len=5, max_len=2), "batch_shapes length"),
         (lambda: batch_shapes(padding_sides=()), "padding_sides"),
+        (lambda: token_batches(VOCAB, chat_prompts=[[5], [VOCAB]]), "token_batches"),
+        (lambda: token_batches(VOCAB, chat_prompts=[[]]), "token_batches"),
     ],
 )
 def test_bad_arguments_are_named_when_the_strategy_is_built(build, named):
@@ -318,3 +321,112 @@ def test_a_run_shape_keeps_the_depth_where_it_names_nothing():
     assert (shaped.max_new_tokens, shaped.max_prompt_len, shaped.max_batch) == (600, 512, 32)
     with pytest.raises(UsageError, match=r"--group-size 16 .*fix: pass --max-batch 16"):
         quick.with_run_shape(max_batch=8, group_size=16)
+
+
+#: a small ChatML-like template over the embedded tokenizer's own special tokens
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|bos|>{{ m['role'] }}\n{{ m['content'] }}<|eos|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|bos|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def chat_model(default_model, tmp_path_factory):
+    """The embedded model with a chat template written into its tokenizer folder."""
+    import shutil
+
+    from conformance.models import inspect_model
+
+    folder = tmp_path_factory.mktemp("chat") / "model"
+    shutil.copytree(default_model, folder)
+    (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    return inspect_model(folder)
+
+
+def test_chat_text_runs_the_rendered_prompts_together_ending_with_the_chosen_one():
+    rendered = [[1, 2], [3, 4, 5]]
+    assert chat_text(rendered, 1, 4) == [2, 3, 4, 5]
+    assert chat_text(rendered, 1, 2) == [4, 5]
+    # before the first comes the last again: 1 2 | 3 4 5 | 1 2, cut to 6
+    assert chat_text(rendered, 0, 6) == [2, 3, 4, 5, 1, 2]
+    assert chat_text(rendered, 1, 0) == []
+
+
+def test_a_model_folder_says_whether_it_has_a_chat_template(default_model, chat_model):
+    from conformance.models import inspect_model
+
+    assert chat_model.chat_template and not inspect_model(default_model).chat_template
+
+
+def test_chat_prompts_are_the_corpus_rendered_up_to_the_assistants_turn(chat_model):
+    from conformance.chat_prompts import CORPUS, SYSTEM_PROMPTS, chat_prompts, rendered_prompts
+    from conformance.suite_support import model_tokenizer
+
+    tokenizer = model_tokenizer(chat_model)
+    rendered = rendered_prompts(tokenizer)
+    assert len(rendered) == 2 * len(CORPUS)
+    text = f"<|bos|>user\n{CORPUS[0]}<|eos|>\n<|bos|>assistant\n"
+    assert list(rendered[0]) == tokenizer.encode(text, add_special_tokens=False)
+    system = f"<|bos|>system\n{SYSTEM_PROMPTS[0]}<|eos|>\n"
+    assert tokenizer.decode(rendered[len(CORPUS)]) == system + text
+    assert find(chat_prompts(tokenizer), lambda p: True) == list(rendered[0])
+    with pytest.raises(UsageError, match="no chat template"):
+        rendered_prompts(SimpleNamespace(chat_template=None))
+
+
+def test_with_a_chat_template_drawn_prompts_mix_in_the_rendered_corpus(chat_model):
+    """A drawn batch mixes prompts that end with a whole rendered corpus prompt (the model then
+    answers it) with random ids; lengths, groups and shared prefixes are as the shape says."""
+    from conformance.chat_prompts import rendered_prompts
+    from conformance.suite_support import model_tokenizer
+
+    rendered = [list(p) for p in rendered_prompts(model_tokenizer(chat_model))]
+    batches = prompt_batches(chat_model, DEPTHS["quick"], min_len=2, max_batch=8, max_len=200)
+
+    def ends_a_chat_prompt(prompt):
+        return any(len(prompt) >= len(r) and prompt[-len(r) :] == r for r in rendered)
+
+    @settings(max_examples=20, database=None, deadline=None, derandomize=True)
+    @given(batches)
+    def draw(batch):
+        shape, prompts = batch
+        assert [len(p) for p in prompts] == list(shape.lengths)
+        if shape.kind == "grouped":
+            for i in range(0, len(prompts), shape.group_size):
+                assert all(p == prompts[i] for p in prompts[i : i + shape.group_size])
+        if shape.kind == "shared-prefix":
+            assert all(p[: shape.prefix_len] == prompts[0][: shape.prefix_len] for p in prompts)
+
+    draw()
+    find(
+        batches,
+        lambda b: any(map(ends_a_chat_prompt, b[1])) and not all(map(ends_a_chat_prompt, b[1])),
+    )
+
+
+def test_with_a_chat_template_the_simplest_and_the_top_examples_are_as_before(chat_model):
+    """Random ids stay the simplest choice: the smallest case shrinks to what it did, and the
+    example at the top still reaches the depth's largest batch of its longest prompts."""
+    depth = DEPTHS["quick"]
+    plain = SimpleNamespace(
+        vocab_size=chat_model.vocab_size,
+        max_position_embeddings=chat_model.max_position_embeddings,
+        special_token_ids=chat_model.special_token_ids,
+    )
+    tops = []
+    for model in (plain, chat_model):
+        assert find(prompt_batches(model, depth), lambda b: True)[1] == [[0]]
+
+        @settings(max_examples=1, database=None, deadline=None)
+        @given(data=st.data())
+        def draw(data):
+            tops.append(data.draw(prompt_batches(model, depth, max_new_tokens=16)))  # noqa: B023
+
+        with one_example_at_top(draw):
+            draw()
+    (plain_shape, plain_prompts), (chat_shape, chat_prompts) = tops
+    assert chat_shape == plain_shape and chat_prompts == plain_prompts
+    assert max(chat_shape.lengths) == min(
+        depth.prompt_limit(chat_model.max_position_embeddings, 17),
+        depth.max_batch_tokens // chat_shape.batch_size - 16,
+    )

@@ -418,3 +418,20 @@ def test_a_pool_scaled_bound_is_at_least_seven_rms_of_its_draws(draws, bound) ->
     value, note = threshold(metric("log_ratio_sum_per_sqrt_tokens"), Measured(draws), plan)
     assert value == pytest.approx(bound)
     assert ("7 × rms" in note) == (bound == 0.072)
+
+
+def test_calibration_measures_chat_text_where_the_model_has_a_chat_template() -> None:
+    """As the suites draw them then: every other prompt that is not one id repeated ends with
+    a rendered chat prompt; without a template the prompts are as before."""
+    from conformance.profiles.calibrate import CONSTANT_EVERY, _prompt
+
+    chat = [[7, 8, 9], [10, 11]]
+    drawn = list(range(20, 26))
+    markers = [1, 2]
+    plain = [_prompt(i, drawn, markers) for i in range(10)]
+    mixed = [_prompt(i, drawn, markers, chat) for i in range(10)]
+    assert plain[CONSTANT_EVERY - 1] == mixed[CONSTANT_EVERY - 1] == [1] * 6
+    # 7 8 9 | 10 11 | 7 8 9 (the first rendered prompt last), cut to 6; then the second last
+    assert mixed[0] == [9, 10, 11, 7, 8, 9] and mixed[2] == [11, 7, 8, 9, 10, 11]
+    assert mixed[6] == mixed[2] and mixed[8] == mixed[0] and mixed[1] == plain[1] != mixed[0]
+    assert all(len(p) == 6 for p in mixed)
