@@ -36,6 +36,11 @@ def truncates(spec: SamplingSpec) -> bool:
     return bool(spec.top_k) or spec.top_p < 1.0
 
 
+#: positions whose whole next-token distribution is recomputed at once: a deep batch's 65,536
+#: tokens over a 49,152-token vocabulary would be 13 GB of log-probs, 4,096 positions are 0.8 GB
+AUDIT_POSITIONS = 4096
+
+
 def audit_rollouts(
     backend: Any,
     spec: SamplingSpec,
@@ -44,16 +49,46 @@ def audit_rollouts(
     order: SamplerOrder,
     margin: float,
 ) -> SupportAudit:
-    """Audit ``completions`` sampled under ``spec`` against ``backend``'s distribution.
+    """Audit ``completions`` sampled under ``spec`` against ``backend``'s distribution, a few
+    thousand positions at a time (``AUDIT_POSITIONS``).
 
     ``margin``: the per-token log-prob difference between engine and backend allowed at the
     support's boundary (the profile's ``abs_diff_max``).
     """
+    rows = [c for c in completions if c.tokens]
+    tokens, outside, first = 0, 0, ""
+    for chunk in _chunks(rows):
+        found = _audit(backend, spec, chunk, order=order, margin=margin)
+        if found.outside and not first:
+            completion, rest = found.first.split(" ", 1)
+            first = f"completion {completions.index(chunk[int(completion)])} {rest}"
+        tokens, outside = tokens + found.tokens, outside + found.outside
+    return SupportAudit(tokens, outside, first)
+
+
+def _chunks(rows: Sequence[Completion]) -> list[list[Completion]]:
+    chunks: list[list[Completion]] = []
+    size = 0
+    for row in rows:
+        if not chunks or size + len(row.sequence) > AUDIT_POSITIONS:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(row)
+        size += len(row.sequence)
+    return chunks
+
+
+def _audit(
+    backend: Any,
+    spec: SamplingSpec,
+    rows: Sequence[Completion],
+    *,
+    order: SamplerOrder,
+    margin: float,
+) -> SupportAudit:
+    """One chunk's audit; ``first`` reads "I token T at step S", I the row's index in ``rows``."""
     import torch
 
-    rows = [c for c in completions if c.tokens]
-    if not rows:
-        return SupportAudit(0, 0)
     distributions = backend.next_token_logprobs(
         [c.sequence for c in rows], temperature=spec.temperature
     )
@@ -78,5 +113,4 @@ def audit_rollouts(
     starts = torch.tensor([0, *(len(c.tokens) for c in rows)]).cumsum(0)
     row = int((starts <= flat).sum()) - 1
     step = flat - int(starts[row])
-    first = f"completion {completions.index(rows[row])} token {tokens[flat]} at step {step}"
-    return SupportAudit(tokens.numel(), count, first)
+    return SupportAudit(tokens.numel(), count, f"{row} token {tokens[flat]} at step {step}")
