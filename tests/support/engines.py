@@ -500,6 +500,54 @@ class StalePrefixCache(HFGenerateEngine):
         return rows
 
 
+class PrefixTreeOutlivesSync(HFGenerateEngine):
+    """Scores through two caches, as an engine with a request cache over a shared prefix tree
+    does, and resets only the first on a sync: the prefix tree's 16-token blocks (the log-probs
+    of a block-aligned prefix, reused for any sequence that starts with it, as cached keys and
+    values would be) are left as they were — a radix or prefix cache not reset after
+    ``update_weights``, which verl, OpenRLHF and slime reset after every update for this reason.
+
+    On a sync the request cache is re-prefilled (its sequences' rows recomputed with the new
+    weights), so the same sequences scored again give the new weights' numbers; a new sequence
+    sharing one block or more with a sequence scored before the sync gets the old weights'
+    values there."""
+
+    name = "prefix-tree-outlives-sync"
+    #: tokens per cache block (vLLM's default block size)
+    BLOCK = 16
+    #: sequences the request cache holds (the most recently scored); it bounds the re-prefill
+    REQUESTS = 64
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self._requests: dict[tuple[int, ...], list[float]] = {}
+        # a block-aligned prefix -> the log-probs of its tokens 1..len − 1
+        self._blocks: dict[tuple[int, ...], list[float]] = {}
+
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        rows = super().score(sequences)
+        for row, sequence in zip(rows, sequences, strict=True):
+            key = tuple(sequence)
+            if key in self._requests:
+                row[:] = self._requests.pop(key)
+            else:
+                ends = range(self.BLOCK, len(key) + 1, self.BLOCK)
+                hits = [end for end in ends if key[:end] in self._blocks]
+                if hits:
+                    row[: max(hits) - 1] = self._blocks[key[: max(hits)]]
+                for end in ends:
+                    self._blocks.setdefault(key[:end], row[: end - 1])
+            self._requests[key] = list(row)
+        while len(self._requests) > self.REQUESTS:
+            del self._requests[next(iter(self._requests))]
+        return rows
+
+    def load_weights(self, state_dict: Mapping[str, Any]) -> None:
+        super().load_weights(state_dict)
+        held = list(self._requests)
+        self._requests = dict(zip(held, super().score(held), strict=True)) if held else {}
+
+
 class MiddleBatchNumerics(LargeBatchNumerics):
     """Scores batches of 9 to 16 sequences only through the lower-precision path, as a kernel
     heuristic that picks another implementation for one range of sizes does."""
