@@ -10,15 +10,18 @@ reason.
 Caches outlive a sync unless the engine resets them: prompts the engine has already served —
 a shared system prompt, a GRPO group — scored and sampled again after the sync must give the
 new weights' numbers, not the old weights' cached keys and values (a prefix cache not reset
-after a weight update). Engines with a prefix cache run this with it on
-(``Engine.PREFIX_CACHE``).
+after a weight update). Nor may the next step's prompts, which the engine has not seen but which
+share long cached prefixes with prompts served before the sync (the system prompt, a
+conversation's earlier turns): an engine that resets its per-request cache but not its shared
+prefix tree computes them from the old weights' keys and values. Engines with a prefix cache run
+this with it on (``Engine.PREFIX_CACHE``).
 """
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.strategies import sampling_specs
+from conformance.strategies import sampling_specs, token_sequences
 from conformance.suite_support import generated_rows, prompt_batches
 from conformance.weights import SYNC_SEEDS, perturbed, read_weights, write_model
 
@@ -83,6 +86,11 @@ def synced_weights(model, tim, original_weights, tmp_path_factory):
 #: profile's 0.69, calibrated on the embedded model: a sound bf16 engine failed in CI); long
 #: contexts are the parity suites' business
 CACHED_PROMPT_LEN = 128
+#: tokens per cache block (vLLM's default; SGLang's radix cache matches token by token): the
+#: next step's prompts share whole blocks with a conversation served before the sync
+CACHE_BLOCK = 16
+#: the next step's prompts, each a served conversation's first blocks and a new turn
+MAX_NEW_PROMPTS = 2
 
 
 @given(data=st.data())
@@ -104,11 +112,45 @@ def test_caches_do_not_outlive_a_weight_sync(
         ),
         label="batch",
     )
-    recorder.case(prompts, shape, spec, weights_seed=seed)
+    # a conversation served before the sync, of two blocks or more; after it, prompts the
+    # engine has not seen: the conversation's first blocks (its prompt and, past it, its
+    # rollout) and a new turn
+    ids = {"special_ids": model.special_token_ids}
+    history = data.draw(
+        token_sequences(
+            model.vocab_size, min_len=2 * CACHE_BLOCK, max_len=CACHED_PROMPT_LEN, **ids
+        ),
+        label="history",
+    )
+    turns = data.draw(
+        st.lists(
+            st.tuples(
+                st.integers(1, (len(history) + spec.max_new_tokens) // CACHE_BLOCK),
+                token_sequences(model.vocab_size, max_len=CACHE_BLOCK, **ids),
+            ),
+            min_size=1,
+            max_size=MAX_NEW_PROMPTS,
+        ),
+        label="new_turns",
+    )
+    recorder.case(
+        prompts,
+        shape,
+        spec,
+        weights_seed=seed,
+        history_ids=history,
+        new_turns=[{"blocks": blocks, "turn_ids": turn} for blocks, turn in turns],
+    )
     engine = cached_engine
     # served once at the old weights: their prefixes are now cached
-    served = [c.sequence for c in engine.generate(prompts, spec)]
-    engine.score(served)
+    first = engine.generate([*prompts, history], spec)
+    served = [c.sequence for c in first[: len(prompts)]]
+    told = first[-1].sequence
+    engine.score([*served, told])
+    # a rollout that stopped early leaves fewer blocks than drawn
+    fresh = [
+        told[: CACHE_BLOCK * min(blocks, len(told) // CACHE_BLOCK)] + turn for blocks, turn in turns
+    ]
 
     try:
         engine.load_weights(new)
@@ -116,12 +158,18 @@ def test_caches_do_not_outlive_a_weight_sync(
         pytest.skip(str(exc).splitlines()[0])
     try:
         rescored = engine.score(served)
-        resampled = engine.generate(prompts, spec)
+        resampled = engine.generate([*prompts, *fresh], spec)
+        answered = [c.sequence for c in resampled[len(prompts) :]]
+        fresh_scored = engine.score(answered)
     finally:
         engine.load_weights(original_weights)
     expected = holding_new.recompute([*served, *(c.sequence for c in resampled)]).logprobs
     lp_train, lp_infer, _ = generated_rows(resampled, expected[len(served) :])
+    fresh_expected = expected[len(served) + len(prompts) :]
 
     recorder.check_profile(
-        recorder.measure([*expected[: len(served)], *lp_train], [*rescored, *lp_infer])
+        recorder.measure(
+            [*expected[: len(served)], *lp_train, *fresh_expected],
+            [*rescored, *lp_infer, *fresh_scored],
+        )
     )

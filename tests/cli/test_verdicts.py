@@ -72,6 +72,8 @@ DEFECTS = [
     # right log-probs, a request's n children all one draw
     ("IdenticalChildren", ["group_sampling"], {"group_sampling"}, "not independent draws"),
     ("StalePrefixCache", ["weight_sync"], {"weight_sync"}, "abs_diff_max"),
+    # passes the same prompts after a sync; the next step's new prompts that share its blocks
+    ("PrefixTreeOutlivesSync", ["weight_sync"], {"weight_sync"}, "abs_diff_max"),
     ("MiddleBatchNumerics", ["batch_invariance"], {"batch_invariance"}, "profile fp32"),
     ("ZeroStopLogprob", [], {"rollout_parity"}, "abs_diff_max"),
     # the same number of tokens and log-probs, but the rollout says it stopped and its last

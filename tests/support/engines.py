@@ -500,6 +500,54 @@ class StalePrefixCache(HFGenerateEngine):
         return rows
 
 
+class PrefixTreeOutlivesSync(HFGenerateEngine):
+    """Scores through two caches, as an engine with a request cache over a shared prefix tree
+    does, and resets only the first on a sync: the prefix tree's 16-token blocks (the log-probs
+    of a block-aligned prefix, reused for any sequence that starts with it, as cached keys and
+    values would be) are left as they were — a radix or prefix cache not reset after
+    ``update_weights``, which verl, OpenRLHF and slime reset after every update for this reason.
+
+    On a sync the request cache — the sequences scored since the previous sync — is
+    re-prefilled (their rows recomputed with the new weights) and held until the next one, so
+    the same sequences scored again give the new weights' numbers; a new sequence sharing one
+    block or more with a sequence scored before the sync gets the old weights' values there."""
+
+    name = "prefix-tree-outlives-sync"
+    #: tokens per cache block (vLLM's default block size)
+    BLOCK = 16
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        # rows re-prefilled at the last sync, and rows scored since
+        self._requests: dict[tuple[int, ...], list[float]] = {}
+        self._scored: dict[tuple[int, ...], list[float]] = {}
+        # a block-aligned prefix -> the log-probs of its tokens 1..len − 1
+        self._blocks: dict[tuple[int, ...], list[float]] = {}
+
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        rows = super().score(sequences)
+        for row, sequence in zip(rows, sequences, strict=True):
+            key = tuple(sequence)
+            cached = self._scored.get(key, self._requests.get(key))
+            if cached is not None:
+                row[:] = cached
+            else:
+                ends = range(self.BLOCK, len(key) + 1, self.BLOCK)
+                hits = [end for end in ends if key[:end] in self._blocks]
+                if hits:
+                    row[: max(hits) - 1] = self._blocks[key[: max(hits)]]
+                for end in ends:
+                    self._blocks.setdefault(key[:end], row[: end - 1])
+            self._scored[key] = list(row)
+        return rows
+
+    def load_weights(self, state_dict: Mapping[str, Any]) -> None:
+        super().load_weights(state_dict)
+        held = list(self._scored)
+        self._requests = dict(zip(held, super().score(held), strict=True)) if held else {}
+        self._scored = {}
+
+
 class MiddleBatchNumerics(LargeBatchNumerics):
     """Scores batches of 9 to 16 sequences only through the lower-precision path, as a kernel
     heuristic that picks another implementation for one range of sizes does."""
