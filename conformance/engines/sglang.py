@@ -26,6 +26,7 @@ class SGLangEngine(Engine):
     parallel = common.PARALLEL
     RELEASES = common.RELEASES
     PARALLEL_SAMPLING = True
+    SAMPLER_ORDER = common.SAMPLER_ORDER
 
     @classmethod
     def check_options(cls, options: Mapping[str, str]) -> None:

@@ -33,6 +33,7 @@ class SGLangServerEngine(ServerEngine):
     parallel = common.PARALLEL
     RELEASES = common.RELEASES
     PARALLEL_SAMPLING = True
+    SAMPLER_ORDER = common.SAMPLER_ORDER
     label = "SGLang server"
     launch_hint = "python -m sglang.launch_server"
     start_timeout = SGLANG_START_TIMEOUT
