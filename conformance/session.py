@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.backends import Backend
-from conformance.engines import Engine
+from conformance.engines import Engine, LogprobKind
 from conformance.errors import EngineCrashed
 from conformance.guard import Guarded, start
 from conformance.host import device_info
@@ -186,7 +186,14 @@ class HarnessSession:
             return
         margin = self.profile.bounds(record.suite).get("abs_diff_max", 0.0)
         try:
-            found = audit_rollouts(backend, spec, result, order=engine.SAMPLER_ORDER, margin=margin)
+            found = audit_rollouts(
+                backend,
+                spec,
+                result,
+                order=engine.SAMPLER_ORDER,
+                margin=margin,
+                raw_logprobs=engine.inner.config.logprobs is LogprobKind.RAW,
+            )
         except NotImplementedError as exc:
             self.recorder.remark(f"sampled tokens' support not checked: {first_line(exc)}")
             return

@@ -133,17 +133,23 @@ def sample_groups(
     engine: Any, prompts: Sequence[Sequence[int]], spec: SamplingSpec, recorder: Any = None
 ) -> list[Completion]:
     """``spec.n`` completions per prompt, prompt-major: from the engine's own parallel-sampling
-    path where it declares one (``Engine.PARALLEL_SAMPLING``), else from a batch repeating
-    each prompt n times at ``n = 1`` (the GRPO layout engines had before they took ``n``), which
-    ``recorder`` is told of (the check's message says its own path went untested)."""
+    path where it declares one (``Engine.PARALLEL_SAMPLING``), else one batch of the prompts per
+    child, child ``c`` seeded ``seed + c`` (the streams vLLM derives for its children), which
+    ``recorder`` is told of (the check's message says its own path went untested). The same
+    seed for every copy of a prompt would repeat one rollout n times on any engine whose
+    rollout depends on its seed and prompt alone, as the contract asks."""
     if spec.n == 1 or engine.PARALLEL_SAMPLING:
         return engine.generate(prompts, spec)
     if recorder is not None:
         recorder.remark(
             f"engine {engine.name!r} does not declare PARALLEL_SAMPLING: its groups were sampled "
-            "as repeated prompts, not on its own n-samples path"
+            "as one seeded batch per child, not on its own n-samples path"
         )
-    return engine.generate([p for p in prompts for _ in range(spec.n)], replace(spec, n=1))
+    per_child = [
+        engine.generate(prompts, replace(spec, n=1, seed=spec.seed + child))
+        for child in range(spec.n)
+    ]
+    return [batch[i] for i in range(len(prompts)) for batch in per_child]
 
 
 def generated_rows(

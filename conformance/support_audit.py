@@ -8,6 +8,12 @@ session runs :func:`audit_rollouts` on each batch an engine samples with top-k o
 while engine and backend hold the same weights, against the backend's tempered distribution
 (:func:`conformance.sampling.outside_support`); the running check counts the tokens audited and
 those outside (``support_tokens``, ``out_of_support_tokens``) and fails on the first outside.
+
+The audit judges the sampler given the logits: it allows the engine's log-probs the profile's
+per-token difference from the backend's. A rollout whose reported raw log-probs differ by more
+somewhere was sampled from other logits (a numerics defect, which the check's parity property
+judges): a token outside the backend's support there would blame the sampler for the logits, so
+that rollout is not audited.
 """
 
 from __future__ import annotations
@@ -48,17 +54,20 @@ def audit_rollouts(
     *,
     order: SamplerOrder,
     margin: float,
+    raw_logprobs: bool = True,
 ) -> SupportAudit:
     """Audit ``completions`` sampled under ``spec`` against ``backend``'s distribution, a few
     thousand positions at a time (``AUDIT_POSITIONS``).
 
     ``margin``: the per-token log-prob difference between engine and backend allowed at the
-    support's boundary (the profile's ``abs_diff_max``).
+    support's boundary (the profile's ``abs_diff_max``). ``raw_logprobs``: the completions report
+    raw log-probs, so rollouts differing from the backend's by more than ``margin`` can be told
+    apart and are left unaudited (processed ones are all audited).
     """
     rows = [c for c in completions if c.tokens]
     tokens, outside, first = 0, 0, ""
     for chunk in _chunks(rows):
-        found = _audit(backend, spec, chunk, order=order, margin=margin)
+        found = _audit(backend, spec, chunk, order=order, margin=margin, raw=raw_logprobs)
         if found.outside and not first:
             completion, rest = found.first.split(" ", 1)
             first = f"completion {completions.index(chunk[int(completion)])} {rest}"
@@ -85,6 +94,7 @@ def _audit(
     *,
     order: SamplerOrder,
     margin: float,
+    raw: bool,
 ) -> SupportAudit:
     """One chunk's audit; ``first`` reads "I token T at step S", I the row's index in ``rows``."""
     import torch
@@ -106,11 +116,23 @@ def _audit(
         order=order,
         margin=margin,
     )
+    lengths = [len(c.tokens) for c in rows]
+    audited = torch.ones_like(outside)
+    if raw and margin > 0:
+        # log_softmax(T · l) is the raw distribution again: l = z/T − logsumexp(z/T)
+        backend_raw = torch.log_softmax(spec.temperature * logp.to(torch.float64), -1)
+        backend_raw = backend_raw.gather(-1, tokens.reshape(-1, 1))[:, 0]
+        reported = torch.tensor([lp for c in rows for lp in c.logprobs], dtype=torch.float64)
+        # NaN compares false: a nonfinite log-prob is a mismatch too
+        agrees = (reported - backend_raw).abs() <= margin
+        per_row = torch.stack([part.all() for part in agrees.split(lengths)])
+        audited = per_row.repeat_interleave(torch.tensor(lengths))
+    outside &= audited
     count = int(outside.sum())
     if not count:
-        return SupportAudit(tokens.numel(), 0)
+        return SupportAudit(int(audited.sum()), 0)
     flat = int(outside.nonzero()[0])
-    starts = torch.tensor([0, *(len(c.tokens) for c in rows)]).cumsum(0)
+    starts = torch.tensor([0, *lengths]).cumsum(0)
     row = int((starts <= flat).sum()) - 1
     step = flat - int(starts[row])
-    return SupportAudit(tokens.numel(), count, f"{row} token {tokens[flat]} at step {step}")
+    return SupportAudit(int(audited.sum()), count, f"{row} token {tokens[flat]} at step {step}")

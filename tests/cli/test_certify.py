@@ -86,7 +86,9 @@ def test_a_sound_stack_passes_even_one_example(tmp_path, cli_env):
     measured = [c for c in report["checks"] if c["status"] == "pass"]
     properties = [c for c in measured if "abs_diff_max" in c["metrics"]]
     assert properties and all(not c["violations"] for c in measured)
-    assert all(c["examples_run"] >= 2 for c in properties)
+    # group_sampling's one case is fixed, not drawn: it has no example at the top sizes
+    drawn = [c for c in properties if c["suite"] != "group_sampling"]
+    assert drawn and all(c["examples_run"] >= 2 for c in drawn)
 
 
 def test_bf16_engine_fails_the_fp32_profile(tmp_path, cli_env):

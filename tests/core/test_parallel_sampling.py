@@ -1,6 +1,6 @@
 """n samples per prompt (``SamplingSpec.n``): the guard holds an answer to ``len(prompts) · n``
 completions, and an engine that does not declare its own parallel-sampling path gets its groups
-as repeated prompts at n = 1."""
+as one batch per child at n = 1, child c seeded seed + c."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The support audit on real rollouts: chunking the recompute changes nothing it finds, and a
-token the stated sampler cuts is found at its place."""
+"""The support audit on real rollouts: chunking the recompute changes nothing it finds, a token
+the stated sampler cuts is found at its place, and a rollout sampled from other logits is left
+to the parity properties."""
 
 from __future__ import annotations
 
@@ -28,17 +29,24 @@ def rollouts(default_model):
         backend.close()
 
 
-def test_chunked_audit_finds_what_one_recompute_finds(rollouts, monkeypatch):
-    backend, spec, completions = rollouts
-    # the 2nd rollout's last token replaced by the least likely one: outside any top-3 (an
-    # earlier one would change the context every later token was sampled in)
+def _plant_least_likely(backend, completions, *, logprob_off_by: float = 0.0):
+    """The 2nd rollout's last token replaced by the least likely one, outside any top-3 (an
+    earlier one would change the context every later token was sampled in), reported with its
+    raw log-prob plus ``logprob_off_by``."""
     logp = backend.next_token_logprobs([completions[1].sequence])[0]
     step = len(completions[1].tokens) - 1
-    worst = int(logp[len(completions[1].prompt) - 1 + step].argmin())
+    position = logp[len(completions[1].prompt) - 1 + step]
+    worst = int(position.argmin())
+    tokens, logprobs = list(completions[1].tokens), list(completions[1].logprobs)
+    tokens[step], logprobs[step] = worst, float(position[worst]) + logprob_off_by
     planted = list(completions)
-    tokens = list(planted[1].tokens)
-    tokens[step] = worst
-    planted[1] = dataclasses.replace(planted[1], tokens=tokens)
+    planted[1] = dataclasses.replace(planted[1], tokens=tokens, logprobs=logprobs)
+    return planted, worst, step
+
+
+def test_chunked_audit_finds_what_one_recompute_finds(rollouts, monkeypatch):
+    backend, spec, completions = rollouts
+    planted, worst, step = _plant_least_likely(backend, completions)
 
     def audit():
         return support_audit.audit_rollouts(
@@ -51,3 +59,22 @@ def test_chunked_audit_finds_what_one_recompute_finds(rollouts, monkeypatch):
     assert whole.tokens == sum(len(c.tokens) for c in completions)
     assert whole.outside == 1
     assert whole.first == f"completion 1 token {worst} at step {step}"
+
+
+@pytest.mark.parametrize("off_by", [1e-3, float("nan")])
+def test_a_rollout_from_other_logits_is_not_audited(rollouts, off_by):
+    """Its reported log-probs differ from the backend's beyond the margin: its tokens were
+    sampled from other logits, which the parity properties judge; the sampler is not blamed."""
+    backend, spec, completions = rollouts
+    planted, _, _ = _plant_least_likely(backend, completions, logprob_off_by=off_by)
+    found = support_audit.audit_rollouts(
+        backend, spec, planted, order=SamplerOrder.TOP_K_THEN_TOP_P, margin=1e-4
+    )
+    assert found.outside == 0
+    assert found.tokens == sum(len(c.tokens) for c in completions) - len(planted[1].tokens)
+    # reported as processed log-probs, the same rollout is audited and found
+    processed = support_audit.audit_rollouts(
+        backend, spec, planted, order=SamplerOrder.TOP_K_THEN_TOP_P, margin=1e-4,
+        raw_logprobs=False,
+    )  # fmt: skip
+    assert processed.outside == 1

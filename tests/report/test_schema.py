@@ -26,7 +26,7 @@ from .reports import make_report
 #: bfloat16 --profile fp32 --examples 3 --shrink-seconds 5``), its token samples cut to 40
 REAL = Path(__file__).parent / "data" / "schema1-bf16-prefill.json"
 #: the fields early schema-1 files lack, per report and per check
-LATER = ("depth", "timing", "fix", "scope")
+LATER = ("depth", "timing", "fix", "scope", "run_shape")
 LATER_PER_CHECK = (
     "shrink",
     "seconds",
@@ -34,6 +34,7 @@ LATER_PER_CHECK = (
     "tokens",
     "not_judged",
     "worst_case_example",
+    "reached",
 )
 LATER_PER_PROFILE = ("min_pooled_tokens", "provenance", "foreign", "suites", "max_pooled_tokens")
 
@@ -100,21 +101,24 @@ def test_gate_certificate_summary_and_page_read_early_and_current_files_alike(
     assert [c.pop("scope") for c in certificates] == ["stack", "suites"]
     # nor where its profile was calibrated
     assert [c["profile"].pop("provenance") is None for c in certificates] == [True, False]
+    # nor the suites whose bounds replace the base ones
+    assert [bool(c["profile"].pop("suites")) for c in certificates] == [False, True]
     for certificate in certificates:
         del certificate["report_sha256"]
     assert certificates[0] == certificates[1]
     assert certificates[0]["metrics"]["prefill_parity"]["abs_diff_max"] > 1e-3
     lines = [verdict_lines(load_report(path), None) for path in (old, current)]
     assert lines[0] == lines[1] and "verdict: NOT CERTIFIED" in lines[0][-2]
-    # the page says how long shrinking took, where the profile was calibrated, how many tokens a
-    # check pooled and what its case measured alone when the file says so, and is otherwise the
-    # same
+    # the page says how long shrinking took, where the profile was calibrated, its per-suite
+    # bounds, how many tokens a check pooled and what its case measured alone when the file says
+    # so, and is otherwise the same
     old_page, page = (render_html(load_report(path)) for path in (old, current))
     assert "shrunk in" not in old_page and "no [provenance]" in old_page
     calibrated = r"<td>calibrated on</td><td>[^<]*</td>"
     shipped = "qwen2 60019ed3e253, qwen2 d3d40784f6d2, llama 0f1e10a4893a on cpu x86_64"
     assert shipped in re.search(calibrated, page).group()
     without = re.sub(r'<p class="sub">shrunk in [^<]*</p>', "", re.sub(calibrated, "", page))
+    without = re.sub(r"<tr><td>thresholds, suite .*?</tr>", "", without)
     without = re.sub(r'\d+ tokens from |<p class="sub">the case below: [^<]*</p>', "", without)
     assert without == re.sub(calibrated, "", old_page) != page
 

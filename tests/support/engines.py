@@ -56,7 +56,7 @@ class UnmaskedPadding(HFGenerateEngine):
     the pad tokens, and their positions shift by the padding."""
 
     name = "unmasked-padding"
-    #: its prompts map one-to-one onto completions: n children come as repeated prompts
+    #: its prompts map one-to-one onto completions: n children come as one batch per child
     PARALLEL_SAMPLING = False
 
     def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
@@ -260,7 +260,7 @@ class RetokenizesBetweenTurns(HFGenerateEngine):
     the ids it was given."""
 
     name = "retokenizes-between-turns"
-    #: its prompts map one-to-one onto completions: n children come as repeated prompts
+    #: its prompts map one-to-one onto completions: n children come as one batch per child
     PARALLEL_SAMPLING = False
 
     def __init__(self, config: EngineConfig) -> None:
