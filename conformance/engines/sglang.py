@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from conformance.engines import _sglang_common as common
 from conformance.engines import _sglang_internals as internals
-from conformance.engines.base import Completion, Engine, EngineConfig, SamplingSpec, TokenBatch
+from conformance.engines.base import (
+    Completion,
+    Engine,
+    EngineConfig,
+    Request,
+    SamplingSpec,
+    TokenBatch,
+)
 from conformance.errors import EngineCrashed, EngineUnavailable
 
 
@@ -26,6 +33,7 @@ class SGLangEngine(Engine):
     parallel = common.PARALLEL
     RELEASES = common.RELEASES
     PARALLEL_SAMPLING = True
+    MIXED_REQUESTS = True
     SAMPLER_ORDER = common.SAMPLER_ORDER
 
     @classmethod
@@ -74,6 +82,15 @@ class SGLangEngine(Engine):
     ) -> list[Completion]:
         request = common.generate_request(prompts, spec, top_logprobs, self.options)
         return common.completions(prompts, self._run(request), top_logprobs, spec.n)
+
+    def generate_requests(self, requests: Sequence[Request]) -> list[Completion]:
+        # one Engine.generate call, per-request lists of sampling params and top-logprob counts:
+        # SGLang's scheduler batches the requests together
+        replies = self._run(common.mixed_request(requests, self.options))
+        return [
+            common.completion(r.prompt, reply, r.top_logprobs)
+            for r, reply in zip(requests, replies, strict=True)
+        ]
 
     def score(self, sequences: TokenBatch) -> list[list[float]]:
         return common.scores(sequences, self._run(common.score_request(sequences)))
