@@ -261,7 +261,8 @@ class Guarded:
             self._timing[f"{self.kind}_s"] += time.perf_counter() - started
         if method in ("load_weights", "update"):
             self.weights_changed = True
-        given = (*args, kwargs["spec"]) if "spec" in kwargs else args
+        # the arguments the answer is checked against, as given by position or name
+        given = (*args, *(kwargs[name] for name in ("requests", "spec") if name in kwargs))
         check_answer(self._label, method, given, result, self._eos_token_id)
         if self._audit is not None:
             self._audit(self, method, given, result)

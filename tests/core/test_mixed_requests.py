@@ -76,3 +76,25 @@ def test_the_base_serves_one_generate_batch_per_parameter_set_in_request_order(
     assert [c.tokens for c in served] == [c.tokens for c in (plain[0], top, plain[1])]
     assert [c.logprobs for c in served] == [c.logprobs for c in (plain[0], top, plain[1])]
     assert served[1].top_logprobs == top.top_logprobs and served[0].top_logprobs is None
+
+
+def test_the_guard_checks_requests_given_by_name(default_model: Path):
+    from collections import defaultdict
+
+    from conformance.guard import Guarded
+
+    class _Unechoed(HFGenerateEngine):
+        def generate_requests(self, requests):
+            served = super().generate_requests(requests)
+            served[0].prompt = served[0].prompt[1:]
+            return served
+
+    engine = Guarded(
+        _Unechoed(EngineConfig(model=default_model)),
+        kind="engine",
+        on_crash=lambda reason: None,
+        timing=defaultdict(float),
+        deadline_s=None,
+    )
+    with pytest.raises(ProtocolViolation, match="request 0's completion another prompt"):
+        engine.generate_requests(requests=[Request([5, 6], PLAIN)])
