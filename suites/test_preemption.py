@@ -59,7 +59,8 @@ def served(tim: Any, engine: Any, model: Any, recorder: Any) -> tuple[Any, ...]:
         generator = torch.Generator().manual_seed(tim.seed)
         prompts = torch.randint(0, model.vocab_size, (REQUESTS, PROMPT_LEN), generator=generator)
         spec = SamplingSpec(max_new_tokens=NEW_TOKENS, seed=tim.seed % 2**31)
-        variant = tim.engine_variant(**{engine.KV_BUDGET_OPTION: str(BUDGET)})
+        budget = {**engine.KV_BUDGET_REQUIRES, engine.KV_BUDGET_OPTION: str(BUDGET)}
+        variant = tim.engine_variant(**budget)
         before = variant.preemptions()
         completions = variant.generate(prompts.tolist(), spec)
         after = variant.preemptions()

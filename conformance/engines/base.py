@@ -195,6 +195,10 @@ class Engine(ABC):
     #: its batch needs, so that requests are preempted or retracted and recomputed. None: the
     #: engine's KV memory cannot be bounded, and that suite skips saying so
     KV_BUDGET_OPTION: ClassVar[str | None] = None
+    #: option values that variant sets with the budget, for engines whose admission must be
+    #: told to fill the budget as a long-running one does (SGLang's reservation for a fresh
+    #: engine keeps its batches small enough never to retract)
+    KV_BUDGET_REQUIRES: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config

@@ -7,7 +7,6 @@ subprocess; this process holds the tokenizer-manager side. Prompts go in as toke
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +26,8 @@ class SGLangEngine(Engine):
     RELEASES = common.RELEASES
     PARALLEL_SAMPLING = True
     SAMPLER_ORDER = common.SAMPLER_ORDER
+    KV_BUDGET_OPTION = common.KV_BUDGET_OPTION
+    KV_BUDGET_REQUIRES = common.KV_BUDGET_REQUIRES
 
     @classmethod
     def check_options(cls, options: Mapping[str, str]) -> None:
@@ -35,6 +36,8 @@ class SGLangEngine(Engine):
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
         self._engine: Any = None
+        #: retractions counted from the replies so far (None once a reply lacked the count)
+        self._retractions: int | None = 0
         parsed = common.parse_options(self.name, config.options, extra={})
         if common.sglang_version() is None:
             raise EngineUnavailable("sglang is not installed", common.INSTALL_HINT)
@@ -44,7 +47,7 @@ class SGLangEngine(Engine):
             common.activate_standin(self._standin)
         self._env = common.environment(config, self.options)
         # read by the scheduler subprocess when it starts, so set before the engine is built
-        os.environ.update(self._env)
+        common.apply_environment(self._env)
         try:
             import sglang
         except ImportError as exc:
@@ -73,7 +76,14 @@ class SGLangEngine(Engine):
         self, prompts: TokenBatch, spec: SamplingSpec, *, top_logprobs: int = 0
     ) -> list[Completion]:
         request = common.generate_request(prompts, spec, top_logprobs, self.options)
-        return common.completions(prompts, self._run(request), top_logprobs, spec.n)
+        replies = self._run(request)
+        counted = common.retractions(replies)
+        self._retractions = None if counted is None else (self._retractions or 0) + counted
+        return common.completions(prompts, replies, top_logprobs, spec.n)
+
+    def preemptions(self) -> int | None:
+        """Requests SGLang retracted in this engine's rollouts (their replies' counts)."""
+        return self._retractions
 
     def score(self, sequences: TokenBatch) -> list[list[float]]:
         return common.scores(sequences, self._run(common.score_request(sequences)))
