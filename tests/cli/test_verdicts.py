@@ -28,6 +28,7 @@ NAMED_CAUSES = (
     "generate() gave completion",
     "uniformity p-value",
     "not independent draws",
+    "sampled other tokens",
 )
 #: what the support property's failure says (``conformance.session``'s audit)
 OUTSIDE_SUPPORT = "outside the stated sampler's support"
@@ -81,6 +82,8 @@ DEFECTS = [
     # token is no stop id
     ("DroppedStopToken", [], {"rollout_parity"}, "the stop token dropped?"),
     ("RetokenizesBetweenTurns", [], {"multi_turn"}, "abs_diff_max"),
+    # right log-probs; a preempted request's later tokens from a re-seeded stream
+    ("ReseedsAfterPreemption", ["preemption"], {"preemption"}, "vllm#19940"),
 ]
 
 
@@ -195,6 +198,13 @@ CONTROLS = {
     "bf16-engine": ["--engine-dtype", "bfloat16"],
     "fp16-engine": ["--engine-dtype", "float16"],
     "bf16-both": ["--engine-dtype", "bfloat16", "--backend-dtype", "bfloat16"],
+    # a KV budget of its own, preempting and recomputing requests in the preemption suite
+    "budgeted-waves": [
+        "--engine",
+        ENGINES + "BudgetedWaves",
+        "--engine-option",
+        "kv_budget_tokens=4096",
+    ],
 }
 
 
