@@ -19,7 +19,9 @@ it could not tell (or that the engine served the batch without evicting any). On
 - **parity**: the reported log-probs hold the profile against the backend's recompute;
 - **decode vs prefill**: they hold it against the same engine's scoring of the finished
   sequences in one prefill (a recomputed request's decode resumes from a prefill of its prompt
-  and tokens so far, so a misaligned resume shows here);
+  and tokens so far, so a misaligned resume shows here), scored by the budgeted variant, whose
+  cache they overflow as well (prompt log-probs under a full cache; its preemptions are
+  recorded as ``scoring_preemptions``);
 - **seeded reproducibility** (engines that seed their sampling, ``info()["seeded"]``): served
   again under the budget, the batch gives the same tokens; and, where scheduling cannot move
   the numbers (an fp32 engine: the determinism suite's bitwise rule for repeated tokens, since
@@ -101,7 +103,14 @@ def test_preempted_rollouts_hold_parity(tim, engine, backend, model, recorder):
 def test_preempted_rollouts_decode_as_they_prefill(tim, engine, model, recorder):
     variant, _, _, completions = served(tim, engine, model, recorder)
     sequences = [c.sequence for c in completions]
-    lp_prefill, lp_decode, positions = generated_rows(completions, variant.score(sequences))
+    # the finished sequences need the budget 3.75 times over too: prompt log-probs under a
+    # full cache (vllm#29071), whose preemptions are counted apart
+    before = variant.preemptions()
+    scored = variant.score(sequences)
+    after = variant.preemptions()
+    if before is not None and after is not None:
+        recorder.note(scoring_preemptions=float(after - before))
+    lp_prefill, lp_decode, positions = generated_rows(completions, scored)
     sides = ("the engine's prefill", "the engine's decode")
     recorder.check_profile(
         recorder.measure(
