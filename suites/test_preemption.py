@@ -45,8 +45,8 @@ BUDGET = 256
 #: and fits the budget; six of them need 960 tokens, 3.75 budgets
 PROMPT_LEN, NEW_TOKENS, REQUESTS = 96, 64, 6
 
-#: the served batch, per session: (variant, prompts, spec, completions, preemptions)
-_SERVED: dict[int, tuple[Any, list[list[int]], SamplingSpec, list[Any], int | None]] = {}
+#: the served batch, per session: (variant, completions, preemptions)
+_SERVED: dict[int, tuple[Any, list[Any], int | None]] = {}
 
 
 def served(tim: Any, engine: Any, model: Any, recorder: Any) -> tuple[Any, ...]:
@@ -57,20 +57,22 @@ def served(tim: Any, engine: Any, model: Any, recorder: Any) -> tuple[Any, ...]:
             f"engine {engine.name!r} declares no option bounding its KV cache "
             "(Engine.KV_BUDGET_OPTION)"
         )
+    generator = torch.Generator().manual_seed(tim.seed)
+    prompts = torch.randint(0, model.vocab_size, (REQUESTS, PROMPT_LEN), generator=generator)
+    prompts = prompts.tolist()
+    spec = SamplingSpec(max_new_tokens=NEW_TOKENS, seed=tim.seed % 2**31)
+    # announced before the engine runs: a failure inside it still has its case
+    recorder.case(prompts, sampling=spec, kv_budget_tokens=BUDGET)
+    recorder.describe(**{engine.KV_BUDGET_OPTION: BUDGET})
     if id(tim) not in _SERVED:
-        generator = torch.Generator().manual_seed(tim.seed)
-        prompts = torch.randint(0, model.vocab_size, (REQUESTS, PROMPT_LEN), generator=generator)
-        spec = SamplingSpec(max_new_tokens=NEW_TOKENS, seed=tim.seed % 2**31)
         budget = {**engine.KV_BUDGET_REQUIRES, engine.KV_BUDGET_OPTION: str(BUDGET)}
         variant = tim.engine_variant(**budget)
         before = variant.preemptions()
-        completions = variant.generate(prompts.tolist(), spec)
+        completions = variant.generate(prompts, spec)
         after = variant.preemptions()
         count = None if before is None or after is None else after - before
-        _SERVED[id(tim)] = (variant, prompts.tolist(), spec, completions, count)
-    variant, prompts, spec, completions, count = _SERVED[id(tim)]
-    recorder.case(prompts, sampling=spec, kv_budget_tokens=BUDGET)
-    recorder.describe(**{engine.KV_BUDGET_OPTION: BUDGET})
+        _SERVED[id(tim)] = (variant, completions, count)
+    variant, completions, count = _SERVED[id(tim)]
     if count is None:
         recorder.remark(
             f"engine {engine.name!r} cannot tell whether it preempted requests "

@@ -76,17 +76,24 @@ class SGLangEngine(Engine):
         self, prompts: TokenBatch, spec: SamplingSpec, *, top_logprobs: int = 0
     ) -> list[Completion]:
         request = common.generate_request(prompts, spec, top_logprobs, self.options)
-        replies = self._run(request)
-        counted = common.retractions(replies)
-        self._retractions = None if counted is None else (self._retractions or 0) + counted
+        replies = self._counted(self._run(request))
         return common.completions(prompts, replies, top_logprobs, spec.n)
 
+    def _counted(self, replies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``replies``, their retractions added to this engine's count."""
+        counted = common.retractions(replies)
+        if counted is None or self._retractions is None:
+            self._retractions = None
+        else:
+            self._retractions += counted
+        return replies
+
     def preemptions(self) -> int | None:
-        """Requests SGLang retracted in this engine's rollouts (their replies' counts)."""
+        """Requests SGLang retracted in this engine's calls (their replies' counts)."""
         return self._retractions
 
     def score(self, sequences: TokenBatch) -> list[list[float]]:
-        return common.scores(sequences, self._run(common.score_request(sequences)))
+        return common.scores(sequences, self._counted(self._run(common.score_request(sequences))))
 
     def load_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Copy a transformers-named state dict into the running model (RL weight sync).

@@ -84,6 +84,8 @@ DEFECTS = [
     ("RetokenizesBetweenTurns", [], {"multi_turn"}, "abs_diff_max"),
     # right log-probs; a preempted request's later tokens from a re-seeded stream
     ("ReseedsAfterPreemption", ["preemption"], {"preemption"}, "vllm#19940"),
+    # K + N log-probs for N tokens once preempted: a protocol violation on the budgeted batch
+    ("ExtraLogprobsAfterRetraction", ["preemption"], {"preemption"}, "log-probs"),
 ]
 
 

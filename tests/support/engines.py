@@ -650,9 +650,9 @@ class BudgetedWaves(HFGenerateEngine):
     def preemptions(self) -> int:
         return self._preemptions
 
-    def resume(self, stream: Any, spec: SamplingSpec) -> Any:
-        """The random stream a preempted request goes on with: its own, where it stopped."""
-        return stream
+    def preempted(self, request: dict[str, Any], spec: SamplingSpec) -> None:
+        """What a preemption does to a request besides dropping its cache: nothing (its random
+        stream goes on where it stopped, its tokens and log-probs stay)."""
 
     def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
         import torch
@@ -692,7 +692,7 @@ class BudgetedWaves(HFGenerateEngine):
                 victim = running.pop()
                 request = requests[victim]
                 request["cache"], request["next"] = None, None
-                request["stream"] = self.resume(request["stream"], spec)
+                self.preempted(request, spec)
                 waiting.insert(0, victim)
                 self._preemptions += 1
             for index in list(running):
@@ -756,7 +756,19 @@ class ReseedsAfterPreemption(BudgetedWaves):
 
     name = "reseeds-after-preemption"
 
-    def resume(self, stream: Any, spec: SamplingSpec) -> Any:
+    def preempted(self, request: dict[str, Any], spec: SamplingSpec) -> None:
         import torch
 
-        return torch.Generator().manual_seed(spec.seed)
+        request["stream"] = torch.Generator().manual_seed(spec.seed)
+
+
+class ExtraLogprobsAfterRetraction(BudgetedWaves):
+    """Returns K + N log-probs for a rollout of N tokens that was preempted after K of them
+    (sglang#20724: after a retraction the request's output log-probs were appended to those it
+    already had, only on the model that hit memory pressure); its tokens are right."""
+
+    name = "extra-logprobs-after-retraction"
+
+    def preempted(self, request: dict[str, Any], spec: SamplingSpec) -> None:
+        # the K log-probs so far again: the resumed request appends its own after them
+        request["lps"].extend(list(request["lps"]))
