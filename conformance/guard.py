@@ -42,8 +42,9 @@ def check_answer(
     label: str, method: str, args: tuple[Any, ...], result: Any, eos_token_id: int | None = None
 ) -> None:
     """Raise :class:`ProtocolViolation` when an Engine or Backend call's result does not line
-    up with its inputs (``Engine.generate``/``score``, ``Backend.recompute``); a rollout must
-    end as its ``finish_reason`` says (``eos_token_id``: the model's EOS)."""
+    up with its inputs (``Engine.generate``/``generate_requests``/``score``,
+    ``Backend.recompute``); a rollout must end as its ``finish_reason`` says (``eos_token_id``:
+    the model's EOS), a request's under its own spec."""
     if method == "generate":
         prompts, n = args[0], (args[1].n if len(args) > 1 else 1)
         if len(result) != len(prompts) * n:
@@ -60,6 +61,21 @@ def check_answer(
             problem = len(args) > 1 and _ending_problem(completion, args[1], eos_token_id)
             if problem:
                 raise ProtocolViolation(f"{label} generate() gave completion {row} {problem}")
+    elif method == "generate_requests":
+        requests = args[0]
+        if len(result) != len(requests):
+            raise ProtocolViolation(
+                f"{label} generate_requests() returned {len(result)} completions for "
+                f"{len(requests)} requests"
+            )
+        for row, (request, completion) in enumerate(zip(requests, result, strict=True)):
+            problem = _request_problem(request, completion) or _ending_problem(
+                completion, request.spec, eos_token_id
+            )
+            if problem:
+                raise ProtocolViolation(
+                    f"{label} generate_requests() gave request {row}'s completion {problem}"
+                )
     elif method in ("score", "recompute"):
         sequences = args[0]
         rows = result.logprobs if method == "recompute" else result
@@ -70,6 +86,24 @@ def check_answer(
                 f"{label} {method}() returned rows of {lengths[:8]} log-probs for sequences "
                 f"needing {wanted[:8]}"
             )
+
+
+def _request_problem(request: Any, completion: Any) -> str:
+    """How a completion does not answer its request (``Engine.generate_requests``), or ``""``:
+    its prompt echoed, a log-prob per token, top log-probs per token exactly where asked."""
+    if list(completion.prompt) != list(request.prompt):
+        return f"another prompt (of {len(completion.prompt)} tokens, not {len(request.prompt)})"
+    if len(completion.logprobs) != len(completion.tokens):
+        return f"{len(completion.tokens)} tokens but {len(completion.logprobs)} log-probs"
+    top = completion.top_logprobs
+    if not request.top_logprobs:
+        return "" if top is None else "top log-probs it did not ask for"
+    if top is None or len(top) != len(completion.tokens):
+        return (
+            f"{'no' if top is None else len(top)} top log-prob entries for "
+            f"{len(completion.tokens)} tokens (top_logprobs={request.top_logprobs} asked)"
+        )
+    return ""
 
 
 def _ending_problem(completion: Any, spec: Any, eos_token_id: int | None) -> str:
@@ -227,7 +261,8 @@ class Guarded:
             self._timing[f"{self.kind}_s"] += time.perf_counter() - started
         if method in ("load_weights", "update"):
             self.weights_changed = True
-        given = (*args, kwargs["spec"]) if "spec" in kwargs else args
+        # the arguments the answer is checked against, as given by position or name
+        given = (*args, *(kwargs[name] for name in ("requests", "spec") if name in kwargs))
         check_answer(self._label, method, given, result, self._eos_token_id)
         if self._audit is not None:
             self._audit(self, method, given, result)

@@ -173,42 +173,49 @@ class HarnessSession:
 
     def _audit_support(self, engine: Guarded, method: str, args: tuple, result: Any) -> None:
         """Hold a sampled batch to the support property (``conformance.support_audit``): count
-        its tokens in the running check, fail it on a token outside. Batches sampled without
+        its tokens in the running check, fail it on a token outside. A mixed batch
+        (``generate_requests``) is held per request, to its own spec. Batches sampled without
         top-k/top-p, outside a check, or once engine or backend took new weights are not held."""
         from conformance.guard import ProtocolViolation
-        from conformance.support_audit import audit_rollouts, truncates
+        from conformance.support_audit import audit_rollouts, sampled_batches
 
         record = self.recorder.current
-        if method != "generate" or record is None or not truncates(spec := args[1]):
+        batches = sampled_batches(method, args, result)
+        if not batches or record is None:
             return
         backend = self.backend
         if engine.weights_changed or backend.weights_changed:
             return
         margin = self.profile.bounds(record.suite).get("abs_diff_max", 0.0)
-        try:
-            found = audit_rollouts(
-                backend,
-                spec,
-                result,
-                order=engine.SAMPLER_ORDER,
-                margin=margin,
-                raw_logprobs=engine.inner.config.logprobs is LogprobKind.RAW,
-            )
-        except NotImplementedError as exc:
-            self.recorder.remark(f"sampled tokens' support not checked: {first_line(exc)}")
-            return
-        counts = {"support_tokens": found.tokens, "out_of_support_tokens": found.outside}
-        for key, value in counts.items():
-            record.extra[key] = record.extra.get(key, 0.0) + value
-        if found.outside:
-            raise ProtocolViolation(
-                f"engine {engine.name!r} generate() gave {found.first} outside the stated "
-                f"sampler's support ({found.outside} of {found.tokens} sampled tokens; "
-                f"temperature {spec.temperature:g}, top_k {spec.top_k}, top_p {spec.top_p:g}, "
-                f"{engine.SAMPLER_ORDER.value}): its processed probability is 0, so a trainer "
-                "recomputing it gets -inf — check the order and masking of the engine's sampler "
-                "(or declare its order as Engine.SAMPLER_ORDER)"
-            )
+        for spec, completions, rows in batches:
+            try:
+                found = audit_rollouts(
+                    backend,
+                    spec,
+                    completions,
+                    order=engine.SAMPLER_ORDER,
+                    margin=margin,
+                    raw_logprobs=engine.inner.config.logprobs is LogprobKind.RAW,
+                )
+            except NotImplementedError as exc:
+                self.recorder.remark(f"sampled tokens' support not checked: {first_line(exc)}")
+                return
+            counts = {"support_tokens": found.tokens, "out_of_support_tokens": found.outside}
+            for key, value in counts.items():
+                record.extra[key] = record.extra.get(key, 0.0) + value
+            if found.outside:
+                first = found.first
+                if rows is not None:
+                    completion, rest = first.split(" ", 2)[1:]
+                    first = f"request {rows[int(completion)]}'s completion {rest}"
+                raise ProtocolViolation(
+                    f"engine {engine.name!r} {method}() gave {first} outside the stated "
+                    f"sampler's support ({found.outside} of {found.tokens} sampled tokens; "
+                    f"temperature {spec.temperature:g}, top_k {spec.top_k}, top_p "
+                    f"{spec.top_p:g}, {engine.SAMPLER_ORDER.value}): its processed probability "
+                    "is 0, so a trainer recomputing it gets -inf — check the order and masking "
+                    "of the engine's sampler (or declare its order as Engine.SAMPLER_ORDER)"
+                )
 
     def _on_crash(
         self, reason: str, *, fix: str | None = None, exc: BaseException | None = None

@@ -42,6 +42,25 @@ def truncates(spec: SamplingSpec) -> bool:
     return bool(spec.top_k) or spec.top_p < 1.0
 
 
+def sampled_batches(
+    method: str, args: tuple[Any, ...], result: Sequence[Completion]
+) -> list[tuple[SamplingSpec, list[Completion], list[int] | None]]:
+    """The batches an engine call sampled under a spec that truncates, to audit each under its
+    own spec: ``(spec, completions, rows)``, ``rows`` the request index of each completion for
+    a mixed batch (``Engine.generate_requests``, grouped by spec) and ``None`` for ``generate``
+    (``args``: the call's, its spec second). Other calls sampled nothing: ``[]``."""
+    if method == "generate":
+        spec = args[1]
+        return [(spec, list(result), None)] if truncates(spec) else []
+    if method != "generate_requests":
+        return []
+    by_spec: dict[SamplingSpec, list[int]] = {}
+    for row, request in enumerate(args[0]):
+        if truncates(request.spec):
+            by_spec.setdefault(request.spec, []).append(row)
+    return [(spec, [result[r] for r in rows], rows) for spec, rows in by_spec.items()]
+
+
 #: positions whose whole next-token distribution is recomputed at once: a deep batch's 65,536
 #: tokens over a 49,152-token vocabulary would be 13 GB of log-probs, 4,096 positions are 0.8 GB
 AUDIT_POSITIONS = 4096

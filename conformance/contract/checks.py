@@ -1,7 +1,8 @@
 """The engine contract's checks, against the real engine and the transformers fp32 forward.
 
 Protocol: options refused in one line, score and generate shapes and alignment, top-k
-log-probs, seeds where the engine says it is seeded, n samples per prompt where declared,
+log-probs, seeds where the engine says it is seeded, n samples per prompt where declared, a
+mixed batch of requests each under its own parameters,
 ``load_weights`` where offered, a parallel setting where declared, ``info()``,
 ``close`` idempotent and calls after it refused by the guard. Controls: fp32 scores within the
 fp32 profile of the fp32 backend, a bf16 engine outside it and within bf16's, raw log-probs at
@@ -27,7 +28,14 @@ from typing import Any
 
 import pytest
 
-from conformance.engines import ENGINES, Engine, LogprobKind, SamplingSpec, Unsupported
+from conformance.engines import (
+    ENGINES,
+    Engine,
+    LogprobKind,
+    Request,
+    SamplingSpec,
+    Unsupported,
+)
 from conformance.errors import EngineCrashed, EngineUnavailable, UsageError
 from conformance.guard import start
 from conformance.metrics import mismatch_metrics, stack_ragged
@@ -48,6 +56,7 @@ __all__ = [
     "test_generate_gives_one_aligned_completion_per_prompt_in_order",
     "test_info_names_the_engine_and_is_json",
     "test_load_weights_makes_the_engine_score_like_the_new_model",
+    "test_mixed_requests_are_each_served_under_their_own_parameters",
     "test_n_samples_per_prompt_are_prompt_major_distinct_and_seeded",
     "test_processed_logprobs_carry_the_temperature_signature",
     "test_sampled_logprobs_are_raw_at_any_temperature",
@@ -291,6 +300,39 @@ def test_n_samples_per_prompt_are_prompt_major_distinct_and_seeded(
         again = engine.generate(prompts, spec)
         assert [c.tokens for c in again] == [c.tokens for c in children], (
             "a seeded request with n samples must repeat all n"
+        )
+
+
+def test_mixed_requests_are_each_served_under_their_own_parameters(
+    subject: Subject, sequences
+) -> None:
+    engine = subject.engine()
+    stops = tuple(range(3, 384, 24))
+    specs = [
+        SamplingSpec(max_new_tokens=6, seed=21),
+        SamplingSpec(max_new_tokens=3, temperature=0.7, top_k=20, seed=22),
+        SamplingSpec(max_new_tokens=9, top_p=0.9, seed=23, ignore_eos=False, stop_token_ids=stops),
+        SamplingSpec(max_new_tokens=4, temperature=1.3, seed=24),
+    ]
+    requests = [
+        Request(prompt, spec, top_logprobs=5 * (i % 2))
+        for i, (prompt, spec) in enumerate(zip(sequences, specs, strict=False))
+    ]
+    # the guard holds each answer to its request: its prompt, its own length and stop ids, a
+    # log-prob per token, top log-probs exactly where asked
+    served = engine.generate_requests(requests)
+    for request, completion in zip(requests, served, strict=True):
+        if request.top_logprobs:
+            assert all(len(top) == 5 for top in completion.top_logprobs), (
+                "generate_requests() must give a request asking top_logprobs=5 five per token"
+            )
+    scored = sampled_tail(engine.score([c.sequence for c in served]), served)
+    measured = metrics(scored, [c.logprobs for c in served])["abs_diff_max"]
+    assert measured < 1e-4, f"every request's log-probs must equal score()'s: {measured}"
+    if engine.info().get("seeded", True):
+        alone = [engine.generate_requests([r])[0].tokens for r in requests]
+        assert alone == [c.tokens for c in served], (
+            "a seeded request must sample the same tokens in a mixed batch as served alone"
         )
 
 

@@ -6,6 +6,7 @@ from conformance.engines.base import (
     EngineConfig,
     Knob,
     LogprobKind,
+    Request,
     SamplingSpec,
     TokenBatch,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "EngineConfig",
     "Knob",
     "LogprobKind",
+    "Request",
     "SamplingSpec",
     "TokenBatch",
     "Unsupported",

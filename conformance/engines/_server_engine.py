@@ -12,8 +12,9 @@ import http.client
 import json
 import urllib.request
 from abc import abstractmethod
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ClassVar, TypeVar
 
 from conformance.engines._server_process import ServerProcess, post_json
 from conformance.engines.base import Engine, EngineConfig, Knob
@@ -22,6 +23,11 @@ from conformance.errors import EngineUnavailable, UsageError
 
 #: seconds one request may take
 REQUEST_TIMEOUT_S = 600.0
+#: requests a mixed batch keeps in flight at once, as a pool of rollout workers does
+IN_FLIGHT = 16
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class ServerEngine(Engine):
@@ -124,6 +130,15 @@ class ServerEngine(Engine):
             timeout_s=REQUEST_TIMEOUT_S,
             death=lambda: (server.died(wait_s=2.0) if server is not None else None) or "",
         )
+
+    def in_flight(self, send: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        """``send(item)`` for every item, up to ``IN_FLIGHT`` of them in flight at once (one
+        connection each: the server batches what is waiting), the answers in item order; the
+        first request to fail raises its error here."""
+        if len(items) <= 1:
+            return [send(item) for item in items]
+        with ThreadPoolExecutor(min(IN_FLIGHT, len(items)), thread_name_prefix=self.name) as pool:
+            return list(pool.map(send, items))
 
     # -- the Engine protocol ------------------------------------------------------------------
     def knobs(self) -> Mapping[str, Knob]:

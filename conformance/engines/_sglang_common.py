@@ -29,6 +29,7 @@ from conformance.engines.base import (
     EngineConfig,
     Knob,
     LogprobKind,
+    Request,
     SamplingSpec,
     TokenBatch,
 )
@@ -337,33 +338,46 @@ def completions(
     prompts: TokenBatch, replies: Sequence[Mapping[str, Any]], top_logprobs: int, n: int = 1
 ) -> list[Completion]:
     """``Completion`` per child from SGLang's replies (``n`` per prompt, prompt-major)."""
-    result = []
     children = [prompt for prompt in prompts for _ in range(n)]
-    for prompt, reply in zip(children, replies, strict=True):
-        meta = accepted(reply)["meta_info"]
-        entries = meta["output_token_logprobs"]
-        tokens = [int(entry[1]) for entry in entries]
-        if list(reply.get("output_ids", tokens)) != tokens:
-            raise ValueError("SGLang's output ids and output logprob ids disagree")
-        top = None
-        if top_logprobs:
-            top = [
-                {int(e[1]): float(e[0]) for e in ranked[:top_logprobs]}
-                for ranked in meta["output_top_logprobs"]
-            ]
-        finish = meta.get("finish_reason") or {}
-        result.append(
-            Completion(
-                prompt=list(prompt),
-                tokens=tokens,
-                logprobs=[float(entry[0]) for entry in entries],
-                top_logprobs=top,
-                finish_reason=finish.get("type", "length")
-                if isinstance(finish, dict)
-                else "length",
-            )
-        )
-    return result
+    return [
+        completion(prompt, reply, top_logprobs)
+        for prompt, reply in zip(children, replies, strict=True)
+    ]
+
+
+def completion(prompt: Sequence[int], reply: Mapping[str, Any], top_logprobs: int) -> Completion:
+    """``Completion`` from one SGLang reply, with ``top_logprobs`` top entries per token."""
+    meta = accepted(reply)["meta_info"]
+    entries = meta["output_token_logprobs"]
+    tokens = [int(entry[1]) for entry in entries]
+    if list(reply.get("output_ids", tokens)) != tokens:
+        raise ValueError("SGLang's output ids and output logprob ids disagree")
+    top = None
+    if top_logprobs:
+        top = [
+            {int(e[1]): float(e[0]) for e in ranked[:top_logprobs]}
+            for ranked in meta["output_top_logprobs"]
+        ]
+    finish = meta.get("finish_reason") or {}
+    return Completion(
+        prompt=list(prompt),
+        tokens=tokens,
+        logprobs=[float(entry[0]) for entry in entries],
+        top_logprobs=top,
+        finish_reason=finish.get("type", "length") if isinstance(finish, dict) else "length",
+    )
+
+
+def mixed_request(requests: Sequence[Request], options: Mapping[str, Any]) -> dict[str, Any]:
+    """Fields of ``Engine.generate`` for a mixed batch: per-request lists of sampling params
+    and top-logprob counts (:func:`generate_request`'s fields, one per request)."""
+    fields = [generate_request([r.prompt], r.spec, r.top_logprobs, options) for r in requests]
+    return {
+        "input_ids": [f["input_ids"][0] for f in fields],
+        "sampling_params": [f["sampling_params"] for f in fields],
+        "return_logprob": True,
+        "top_logprobs_num": [f["top_logprobs_num"] for f in fields],
+    }
 
 
 def retractions(replies: Sequence[Mapping[str, Any]]) -> int | None:

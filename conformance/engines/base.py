@@ -133,6 +133,44 @@ class Completion:
 
 
 @dataclass(frozen=True)
+class Request:
+    """One request of a mixed batch (``Engine.generate_requests``): a prompt, how to sample it
+    (``spec.n`` must be 1) and how many top log-probs per sampled token to report (0: none), as
+    an RL rollout server receives them — rollouts next to evaluation or scoring traffic, each
+    request with its own seed, some asking for top-k log-probs."""
+
+    prompt: tuple[int, ...]
+    spec: SamplingSpec = field(default_factory=SamplingSpec)
+    top_logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        # a list is accepted, as a user writes it; the request stays hashable
+        object.__setattr__(self, "prompt", tuple(int(t) for t in self.prompt))
+        if self.spec.n != 1:
+            raise UsageError(
+                f"a Request with n={self.spec.n}", "send n = 1 per request (or n requests)"
+            )
+        if self.top_logprobs < 0:
+            raise UsageError(f"top_logprobs={self.top_logprobs}", "use top_logprobs >= 0")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_ids": list(self.prompt),
+            "sampling": self.spec.as_dict(),
+            "top_logprobs": self.top_logprobs,
+        }
+
+
+def parameter_groups(requests: Sequence[Request]) -> list[list[int]]:
+    """Indices of ``requests`` sharing one (spec, top_logprobs), in order of first appearance:
+    the batches an engine that cannot mix parameters serves them in."""
+    groups: dict[tuple[SamplingSpec, int], list[int]] = {}
+    for index, request in enumerate(requests):
+        groups.setdefault((request.spec, request.top_logprobs), []).append(index)
+    return list(groups.values())
+
+
+@dataclass(frozen=True)
 class Knob:
     """An engine option meant to change speed, not numbers, and the values the knob suite tries
     (strings, as ``EngineConfig.options`` takes them).
@@ -199,6 +237,12 @@ class Engine(ABC):
     #: told to fill the budget as a long-running one does (SGLang's reservation for a fresh
     #: engine keeps its batches small enough never to retract)
     KV_BUDGET_REQUIRES: ClassVar[Mapping[str, str]] = {}
+    #: whether ``generate_requests`` serves requests with different sampling specs and
+    #: top-logprob counts together, in one batch (vLLM's per-request ``SamplingParams``, SGLang's
+    #: per-request lists, a server with several requests in flight); the base implementation
+    #: serves one ``generate`` batch per parameter set instead, which the mixed-requests suite
+    #: says (``suites/test_mixed_requests.py``)
+    MIXED_REQUESTS: ClassVar[bool] = False
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -224,6 +268,24 @@ class Engine(ABC):
         Each ``Completion.logprobs[i]`` is the engine's log-probability of ``tokens[i]``,
         of the kind given by ``config.logprobs``.
         """
+
+    def generate_requests(self, requests: Sequence[Request]) -> list[Completion]:
+        """One completion per request (each ``n = 1``), in request order, each sampled under its
+        own ``spec`` and reporting its own ``top_logprobs`` (``None`` where it asks for none).
+
+        This implementation serves the requests one ``generate`` batch per distinct (spec,
+        top_logprobs), never mixed; an engine that batches different parameters together
+        overrides it and declares ``MIXED_REQUESTS``.
+        """
+        completions: list[Completion | None] = [None] * len(requests)
+        for group in parameter_groups(requests):
+            first = requests[group[0]]
+            served = self.generate(
+                [requests[i].prompt for i in group], first.spec, top_logprobs=first.top_logprobs
+            )
+            for index, completion in zip(group, served, strict=True):
+                completions[index] = completion
+        return [c for c in completions if c is not None]
 
     @abstractmethod
     def score(self, sequences: TokenBatch) -> list[list[float]]:

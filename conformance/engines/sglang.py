@@ -7,12 +7,19 @@ subprocess; this process holds the tokenizer-manager side. Prompts go in as toke
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from conformance.engines import _sglang_common as common
 from conformance.engines import _sglang_internals as internals
-from conformance.engines.base import Completion, Engine, EngineConfig, SamplingSpec, TokenBatch
+from conformance.engines.base import (
+    Completion,
+    Engine,
+    EngineConfig,
+    Request,
+    SamplingSpec,
+    TokenBatch,
+)
 from conformance.errors import EngineCrashed, EngineUnavailable
 
 
@@ -25,6 +32,7 @@ class SGLangEngine(Engine):
     parallel = common.PARALLEL
     RELEASES = common.RELEASES
     PARALLEL_SAMPLING = True
+    MIXED_REQUESTS = True
     SAMPLER_ORDER = common.SAMPLER_ORDER
     KV_BUDGET_OPTION = common.KV_BUDGET_OPTION
     KV_BUDGET_REQUIRES = common.KV_BUDGET_REQUIRES
@@ -91,6 +99,15 @@ class SGLangEngine(Engine):
     def preemptions(self) -> int | None:
         """Requests SGLang retracted in this engine's calls (their replies' counts)."""
         return self._retractions
+
+    def generate_requests(self, requests: Sequence[Request]) -> list[Completion]:
+        # one Engine.generate call, per-request lists of sampling params and top-logprob counts:
+        # SGLang's scheduler batches the requests together
+        replies = self._counted(self._run(common.mixed_request(requests, self.options)))
+        return [
+            common.completion(r.prompt, reply, r.top_logprobs)
+            for r, reply in zip(requests, replies, strict=True)
+        ]
 
     def score(self, sequences: TokenBatch) -> list[list[float]]:
         return common.scores(sequences, self._counted(self._run(common.score_request(sequences))))

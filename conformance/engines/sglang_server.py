@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from conformance.engines import _sglang_common as common
 from conformance.engines._server_engine import ServerEngine
 from conformance.engines._server_process import command_flags
-from conformance.engines.base import Completion, SamplingSpec, TokenBatch
+from conformance.engines.base import Completion, Request, SamplingSpec, TokenBatch
 from conformance.env import SGLANG_START_TIMEOUT
 from conformance.errors import EngineUnavailable
 
@@ -33,6 +33,7 @@ class SGLangServerEngine(ServerEngine):
     parallel = common.PARALLEL
     RELEASES = common.RELEASES
     PARALLEL_SAMPLING = True
+    MIXED_REQUESTS = True
     SAMPLER_ORDER = common.SAMPLER_ORDER
     label = "SGLang server"
     launch_hint = "python -m sglang.launch_server"
@@ -75,6 +76,17 @@ class SGLangServerEngine(ServerEngine):
         request = common.generate_request(prompts, spec, top_logprobs, self.options)
         replies = self.post("/generate", request)
         return common.completions(prompts, replies, top_logprobs, spec.n)
+
+    def generate_requests(self, requests: Sequence[Request]) -> list[Completion]:
+        # one POST /generate per request, several in flight, as rollout workers send them
+        def send(request: Request) -> Completion:
+            body = common.generate_request(
+                [request.prompt], request.spec, request.top_logprobs, self.options
+            )
+            (reply,) = self.post("/generate", body)
+            return common.completion(request.prompt, reply, request.top_logprobs)
+
+        return self.in_flight(send, requests)
 
     def score(self, sequences: TokenBatch) -> list[list[float]]:
         return common.scores(sequences, self.post("/generate", common.score_request(sequences)))

@@ -12,12 +12,19 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from conformance.engines import _vllm_common as common
 from conformance.engines import _vllm_internals as internals
-from conformance.engines.base import Completion, Engine, EngineConfig, SamplingSpec, TokenBatch
+from conformance.engines.base import (
+    Completion,
+    Engine,
+    EngineConfig,
+    Request,
+    SamplingSpec,
+    TokenBatch,
+)
 
 #: in-process engines not yet closed (vLLM's distributed state is shared between them)
 _OPEN: set[int] = set()
@@ -32,6 +39,7 @@ class VLLMEngine(Engine):
     RELEASES = common.RELEASES
     PARALLEL_SAMPLING = True
     KV_BUDGET_OPTION = common.KV_BUDGET_OPTION
+    MIXED_REQUESTS = True
 
     @classmethod
     def check_options(cls, options: Mapping[str, str]) -> None:
@@ -99,15 +107,11 @@ class VLLMEngine(Engine):
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
         )
 
-    def generate(
-        self, prompts: TokenBatch, spec: SamplingSpec, *, top_logprobs: int = 0
-    ) -> list[Completion]:
+    def _params(self, spec: SamplingSpec, top_logprobs: int) -> Any:
+        """vLLM's ``SamplingParams`` for ``spec``: the one place a spec becomes them."""
         from vllm import SamplingParams
 
-        common.check_lengths(
-            [len(p) for p in prompts], self._max_model_len, extra=spec.max_new_tokens
-        )
-        params = SamplingParams(
+        return SamplingParams(
             max_tokens=spec.max_new_tokens,
             temperature=spec.temperature,
             top_p=spec.top_p,
@@ -118,32 +122,63 @@ class VLLMEngine(Engine):
             **common.stop_params(spec),
             **common.parallel_params(spec),
         )
-        # each of a request's n children is a request of its own in vLLM's scheduler (v1's
-        # ParentRequest), each prefilling the prompt: n prompts' worth of the token budget
-        groups = common.seeded_groups(
-            [len(p) * spec.n for p in prompts], spec.seed, self._seeded_chunk
+
+    def _sample(self, prompts: TokenBatch, params: Sequence[Any], n: int) -> list[Any]:
+        """vLLM's outputs for ``prompts``, prompt ``i`` under ``params[i]``, submitted in groups
+        no seeded prefill is split in (``common.seeded_groups``)."""
+        common.check_lengths([len(p) for p in prompts], self._max_model_len)
+        # each prompt with its own request's new tokens
+        common.check_lengths(
+            [len(p) + q.max_tokens for p, q in zip(prompts, params, strict=True)],
+            self._max_model_len,
         )
-        outputs = [out for g in groups for out in self._run([prompts[i] for i in g], params)]
-        completions = []
-        for prompt, sample in common.children(prompts, outputs, spec.n):
-            tokens = list(sample.token_ids)
-            completions.append(
-                Completion(
-                    prompt=list(prompt),
-                    tokens=tokens,
-                    logprobs=[
-                        ranked[t].logprob for t, ranked in zip(tokens, sample.logprobs, strict=True)
-                    ],
-                    top_logprobs=[
-                        {t: lp.logprob for t, lp in ranked.items() if lp.rank <= top_logprobs}
-                        for ranked in sample.logprobs
-                    ]
-                    if top_logprobs
-                    else None,
-                    finish_reason=sample.finish_reason or "length",
-                )
-            )
-        return completions
+        # every request carries a seed (``SamplingSpec.seed``); each of a request's n children
+        # is a request of its own in vLLM's scheduler (v1's ParentRequest), each prefilling the
+        # prompt: n prompts' worth of the token budget
+        groups = common.seeded_groups([len(p) * n for p in prompts], 0, self._seeded_chunk)
+        return [
+            out
+            for g in groups
+            for out in self._run([prompts[i] for i in g], [params[i] for i in g])
+        ]
+
+    @staticmethod
+    def _completion(prompt: Sequence[int], sample: Any, top_logprobs: int) -> Completion:
+        tokens = list(sample.token_ids)
+        return Completion(
+            prompt=list(prompt),
+            tokens=tokens,
+            logprobs=[ranked[t].logprob for t, ranked in zip(tokens, sample.logprobs, strict=True)],
+            top_logprobs=[
+                {t: lp.logprob for t, lp in ranked.items() if lp.rank <= top_logprobs}
+                for ranked in sample.logprobs
+            ]
+            if top_logprobs
+            else None,
+            finish_reason=sample.finish_reason or "length",
+        )
+
+    def generate(
+        self, prompts: TokenBatch, spec: SamplingSpec, *, top_logprobs: int = 0
+    ) -> list[Completion]:
+        params = self._params(spec, top_logprobs)
+        outputs = self._sample(prompts, [params] * len(prompts), spec.n)
+        return [
+            self._completion(prompt, sample, top_logprobs)
+            for prompt, sample in common.children(prompts, outputs, spec.n)
+        ]
+
+    def generate_requests(self, requests: Sequence[Request]) -> list[Completion]:
+        # one LLM.generate call, each request with its own SamplingParams: vLLM schedules them
+        # in one batch, its sampler applying per-request temperature, top-k/top-p, seed and
+        # logprobs
+        prompts = [r.prompt for r in requests]
+        params = [self._params(r.spec, r.top_logprobs) for r in requests]
+        outputs = self._sample(prompts, params, 1)
+        return [
+            self._completion(r.prompt, sample, r.top_logprobs)
+            for r, (_, sample) in zip(requests, common.children(prompts, outputs, 1), strict=True)
+        ]
 
     def score(self, sequences: TokenBatch) -> list[list[float]]:
         from vllm import SamplingParams

@@ -19,7 +19,7 @@ from conformance.engines import _vllm_common as common
 from conformance.engines import _vllm_internals as internals
 from conformance.engines._server_engine import ServerEngine
 from conformance.engines._server_process import command_flags
-from conformance.engines.base import Completion, SamplingSpec, TokenBatch
+from conformance.engines.base import Completion, Request, SamplingSpec, TokenBatch
 from conformance.env import VLLM_START_TIMEOUT
 from conformance.errors import EngineUnavailable
 
@@ -40,6 +40,7 @@ class VLLMServerEngine(ServerEngine):
     parallel = common.PARALLEL
     RELEASES = common.RELEASES
     PARALLEL_SAMPLING = True
+    MIXED_REQUESTS = True
     label = "vLLM server"
     launch_hint = f"python -m {internals.API_SERVER_MODULE}"
     start_timeout = VLLM_START_TIMEOUT
@@ -125,6 +126,20 @@ class VLLMServerEngine(ServerEngine):
             self._completion(prompt, choice, top_logprobs)
             for prompt, choice in zip(children, choices, strict=True)
         ]
+
+    def generate_requests(self, requests: Sequence[Request]) -> list[Completion]:
+        # one /v1/completions request per Request, several in flight, as rollout workers send
+        # them: the server batches requests of different parameters; groups that fit the
+        # prefill budget go one after another (``common.seeded_groups``: every request is seeded)
+        for request in requests:
+            self._check_lengths([len(request.prompt)], request.spec.max_new_tokens)
+        groups = common.seeded_groups([len(r.prompt) for r in requests], 0, self._seeded_chunk())
+
+        def send(request: Request) -> Completion:
+            (choice,) = self._sample([request.prompt], request.spec, request.top_logprobs)
+            return self._completion(request.prompt, choice, request.top_logprobs)
+
+        return [c for g in groups for c in self.in_flight(send, [requests[i] for i in g])]
 
     @staticmethod
     def _completion(prompt: Sequence[int], choice: dict[str, Any], top_logprobs: int) -> Completion:

@@ -26,6 +26,8 @@ NAMED_CAUSES = (
     "PROCESSED",
     "returned rows of",
     "generate() gave completion",
+    "generate_requests() gave request",
+    "than served alone",
     "uniformity p-value",
     "not independent draws",
     "sampled other tokens",
@@ -86,6 +88,11 @@ DEFECTS = [
     ("ReseedsAfterPreemption", ["preemption"], {"preemption"}, "vllm#19940"),
     # K + N log-probs for N tokens once preempted: a protocol violation on the budgeted batch
     ("ExtraLogprobsAfterRetraction", ["preemption"], {"preemption"}, "log-probs"),
+    # a mixed batch sampled with its first request's sampler: tokens outside a request's own
+    # support (or, where the supports agree, other tokens than the request served alone)
+    ("FirstRequestSampler", ["mixed_requests"], {"mixed_requests"}, "generate_requests()"),
+    # right text, a request's log-probs another's where a batch-mate asks for top-k
+    ("CrossedTopLogprobs", ["mixed_requests"], {"mixed_requests"}, "abs_diff_max"),
 ]
 
 
@@ -232,6 +239,21 @@ def test_an_engine_declaring_its_sampler_order_is_held_to_that_order(tmp_path, c
     audited = [c["metrics"] for c in report["checks"] if "support_tokens" in c["metrics"]]
     assert audited and all(m["out_of_support_tokens"] == 0 for m in audited), audited
     assert sum(m["support_tokens"] for m in audited) >= 4 * 2048
+
+
+@pytest.mark.slow
+def test_an_engine_mixing_requests_soundly_is_certified(tmp_path, cli_env):
+    """OneAtATime declares ``MIXED_REQUESTS`` and serves each request of a mixed batch alone
+    under its own parameters: every request's property holds, and no remark says its requests
+    went unmixed."""
+    code, report, output = certify(
+        "--engine", ENGINES + "OneAtATime", "--suite", "mixed_requests",
+        env=cli_env, out=tmp_path / "run",
+    )  # fmt: skip
+    assert code == 0, output[-3000:]
+    (check,) = [c for c in report["checks"] if c["suite"] == "mixed_requests"]
+    assert check["status"] == "pass" and "MIXED_REQUESTS" not in check["message"], check
+    assert check["examples_run"] >= 2 and "out_of_support_tokens" in check["metrics"], check
 
 
 # -- runs that cannot finish -------------------------------------------------------------

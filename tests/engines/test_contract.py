@@ -22,7 +22,7 @@ from support.engine_tests import needs
 from support.server_processes import free_url, group_ends, port_open
 
 from conformance.contract.checks import Subject
-from conformance.engines import ENGINES, EngineConfig, SamplingSpec
+from conformance.engines import ENGINES, EngineConfig, Request, SamplingSpec
 from conformance.engines._server_engine import ServerEngine
 from conformance.errors import EngineCrashed, EngineUnavailable, UsageError
 
@@ -81,6 +81,26 @@ def test_a_server_gives_exactly_its_in_process_twins_numbers(subject: Subject, s
         assert [c.tokens for c in over_http] == [c.tokens for c in local]
         assert [c.logprobs for c in over_http] == [c.logprobs for c in local]
         assert [c.top_logprobs for c in over_http] == [c.top_logprobs for c in local]
+
+
+def test_a_servers_requests_in_flight_give_its_twins_mixed_batch(
+    subject: Subject, sequences
+) -> None:
+    """The server gets a mixed batch as requests in flight at once, its twin as one batch of
+    per-request parameters: a seeded request's rollout is the same either way."""
+    if subject.twin is None:
+        pytest.skip(f"{subject.name} has no in-process twin")
+    server, twin = subject.engine(), subject.engine(twin=True)
+    if not server.info().get("seeded", True):
+        pytest.skip(f"engine {server.name!r} does not honour seeds: concurrency decides its draws")
+    requests = [
+        Request(prompt, SamplingSpec(max_new_tokens=4 + i, top_k=20 * (i % 2), seed=30 + i), i % 3)
+        for i, prompt in enumerate(sequences[:8])
+    ]
+    over_http, local = server.generate_requests(requests), twin.generate_requests(requests)
+    assert [c.tokens for c in over_http] == [c.tokens for c in local]
+    assert [c.logprobs for c in over_http] == [c.logprobs for c in local]
+    assert [c.top_logprobs for c in over_http] == [c.top_logprobs for c in local]
 
 
 # -- the contract's checks, after the twin (they draw random numbers on the subject's engines) --

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from conformance.engines.base import Completion, EngineConfig, LogprobKind, SamplingSpec
+from conformance.engines.base import Completion, EngineConfig, LogprobKind, Request, SamplingSpec
 from conformance.engines.hf_generate import HFGenerateEngine
 from conformance.hf_model import device
 from conformance.sampling import SamplerOrder, truncate
@@ -289,15 +289,75 @@ class RetokenizesBetweenTurns(HFGenerateEngine):
         return completions
 
 
+class FirstRequestSampler(HFGenerateEngine):
+    """Serves a mixed batch with the first request's temperature, top-k and top-p for every
+    request (each keeping its own seed, length, stop ids and top-logprob count), as a batched
+    sampler that reads its settings from the batch's first row does (vllm#14301: batches where
+    only some requests set top-k). A request served alone, or a batch of one spec, is right."""
+
+    name = "first-request-sampler"
+    MIXED_REQUESTS = True
+
+    def generate_requests(self, requests: Sequence[Request]) -> list[Completion]:
+        first = requests[0].spec
+        sampler = {"temperature": first.temperature, "top_k": first.top_k, "top_p": first.top_p}
+        parent = super()  # zero-argument super() does not work inside a comprehension
+        return [
+            c
+            for r in requests
+            for c in parent.generate(
+                [r.prompt], replace(r.spec, **sampler), top_logprobs=r.top_logprobs
+            )
+        ]
+
+
+class CrossedTopLogprobs(HFGenerateEngine):
+    """In a batch where some requests ask for top-k log-probs and others for none, reports for
+    a request asking none, at each step, the sampled token's log-prob of the first request that
+    asks for top-k (the log-prob rows gathered for the batch's top-k requests indexed as if they
+    were the whole batch): its text is right, its log-probs another request's (vllm#51789: two
+    concurrent requests, one asking for top-k, corrupt each other's log-probs)."""
+
+    name = "crossed-top-logprobs"
+    MIXED_REQUESTS = True
+
+    def generate_requests(self, requests: Sequence[Request]) -> list[Completion]:
+        parent = super()
+        served = [
+            c
+            for r in requests
+            for c in parent.generate([r.prompt], r.spec, top_logprobs=r.top_logprobs)
+        ]
+        asking = [c for r, c in zip(requests, served, strict=True) if r.top_logprobs]
+        if not asking:
+            return served
+        rows = asking[0].logprobs
+        for request, completion in zip(requests, served, strict=True):
+            if not request.top_logprobs:
+                own = completion.logprobs
+                completion.logprobs = [*rows[: len(own)], *own[len(rows) :]]
+        return served
+
+
 # -- sound controls -----------------------------------------------------------------------
 class OneAtATime(HFGenerateEngine):
-    """Sound: samples and scores each prompt in a batch of its own (another batch layout)."""
+    """Sound: samples and scores each prompt in a batch of its own (another batch layout), and
+    serves a mixed batch's requests each alone, declaring ``MIXED_REQUESTS``."""
 
     name = "one-at-a-time"
+    MIXED_REQUESTS = True
 
     def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
         parent = super()  # zero-argument super() does not work inside a comprehension
         return [c for p in prompts for c in parent.generate([p], spec, **kw)]
+
+    def generate_requests(self, requests: Sequence[Request]) -> list[Completion]:
+        parent = super()
+        return [
+            c
+            for r in requests
+            for c in parent.generate([r.prompt], r.spec, top_logprobs=r.top_logprobs)
+        ]
 
     def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
         parent = super()
