@@ -47,7 +47,14 @@ OPTIONS: dict[str, Callable[[str], Any]] = {
     "max_num_seqs": parse_positive_int,
     "max_model_len": parse_positive_int,
     "tensor_parallel_size": parse_positive_int,
+    # the harness's own: the KV cache's size in tokens (see ``kv_budget_args``)
+    "kv_cache_tokens": parse_positive_int,
 }
+
+#: the option bounding the KV cache (``Engine.KV_BUDGET_OPTION``)
+KV_BUDGET_OPTION = "kv_cache_tokens"
+#: the counter of preempted requests that ``LLM.get_metrics()`` returns with log stats on
+PREEMPTIONS_METRIC = "vllm:num_preemptions"
 
 #: the engines' parallel setting (see ``conformance.parallel``)
 PARALLEL = ParallelSetting(option="tensor_parallel_size", label="tp_size")
@@ -138,8 +145,32 @@ def engine_args(config: EngineConfig, options: Mapping[str, Any]) -> dict[str, A
         # the model folder's generation_config.json must not override sampling, and the hub
         # is never asked for one
         "generation_config": "vllm",
-        **{key: value for key, value in options.items() if key in OPTIONS},
+        **{k: v for k, v in options.items() if k in OPTIONS and k != KV_BUDGET_OPTION},
+        **kv_budget_args(options),
     }
+
+
+def kv_budget_args(options: Mapping[str, Any]) -> dict[str, Any]:
+    """vLLM's own settings for a KV budget of ``kv_cache_tokens`` tokens: that many tokens
+    rounded up to whole blocks (vLLM sizes its cache in blocks, 128 tokens each on CPU), plus
+    the one block vLLM's block pool keeps as its null block (``BlockPool.null_block``), as
+    ``num_gpu_blocks_override``; and a context no longer than the cache (vLLM refuses to start when
+    one request of ``max_model_len`` cannot fit). Nothing where no budget is given."""
+    from conformance.engines import _vllm_internals as internals
+
+    tokens = options.get(KV_BUDGET_OPTION)
+    if tokens is None:
+        return {}
+    block = internals.default_block_size()
+    blocks = -(-tokens // block)
+    context = min(options.get("max_model_len") or blocks * block, blocks * block)
+    return {"num_gpu_blocks_override": blocks + 1, "max_model_len": context}
+
+
+def count_preemptions(metrics: Sequence[Any]) -> int:
+    """The requests preempted so far, from ``LLM.get_metrics()``'s :data:`PREEMPTIONS_METRIC`
+    counter(s) (one per engine index)."""
+    return int(sum(m.value for m in metrics if m.name == PREEMPTIONS_METRIC))
 
 
 def environment(root: str, *, enforce_eager: bool, tensor_parallel_size: int) -> dict[str, str]:

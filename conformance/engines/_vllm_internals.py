@@ -44,6 +44,16 @@ def is_cpu() -> bool:
         return not torch.cuda.is_available()
 
 
+#: the KV block size vLLM picks where none is given: 128 tokens on its CPU build
+#: (``CpuPlatform.check_and_update_config``, 0.32.0; MLA models 16), 16 on CUDA
+CPU_BLOCK_SIZE, CUDA_BLOCK_SIZE = 128, 16
+
+
+def default_block_size() -> int:
+    """The block size, in tokens, a KV budget is rounded up to (see :data:`CPU_BLOCK_SIZE`)."""
+    return CPU_BLOCK_SIZE if is_cpu() else CUDA_BLOCK_SIZE
+
+
 def _client(llm: Any) -> Any | None:
     """``LLM.llm_engine.engine_core``: with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` an
     ``InprocClient`` holding the ``EngineCore`` in this process (0.27.1–0.32.0)."""

@@ -227,6 +227,16 @@ class Engine(ABC):
     #: that does not follow the stated sampler (top-k, then top-p over the renormalised rest)
     #: declares its own order here, and its sampled tokens are held to that
     SAMPLER_ORDER: ClassVar[SamplerOrder] = STATED_ORDER
+    #: the ``--engine-option`` that bounds the engine's KV cache, its value a number of tokens
+    #: (the adapter turns it into the engine's own setting: vLLM's block count, SGLang's
+    #: ``max_total_tokens``). The preemption suite starts a variant whose budget is smaller than
+    #: its batch needs, so that requests are preempted or retracted and recomputed. None: the
+    #: engine's KV memory cannot be bounded, and that suite skips saying so
+    KV_BUDGET_OPTION: ClassVar[str | None] = None
+    #: option values that variant sets with the budget, for engines whose admission must be
+    #: told to fill the budget as a long-running one does (SGLang's reservation for a fresh
+    #: engine keeps its batches small enough never to retract)
+    KV_BUDGET_REQUIRES: ClassVar[Mapping[str, str]] = {}
     #: whether ``generate_requests`` serves requests with different sampling specs and
     #: top-logprob counts together, in one batch (vLLM's per-request ``SamplingParams``, SGLang's
     #: per-request lists, a server with several requests in flight); the base implementation
@@ -287,6 +297,12 @@ class Engine(ABC):
             f"engine {self.name!r} cannot take new weights",
             "implement load_weights() or choose an engine that can (hf-generate, vllm, sglang)",
         )
+
+    def preemptions(self) -> int | None:
+        """How many times, since it started, the engine evicted a running request's KV cache to
+        make room (vLLM's preemptions, SGLang's retractions) and later recomputed it from the
+        prompt and the tokens sampled so far; None where the engine cannot tell."""
+        return None
 
     def artefacts(self) -> Mapping[str, str]:
         """What the engine built from the model that its numbers depend on, name → digest (a

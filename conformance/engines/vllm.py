@@ -38,6 +38,7 @@ class VLLMEngine(Engine):
     parallel = common.PARALLEL
     RELEASES = common.RELEASES
     PARALLEL_SAMPLING = True
+    KV_BUDGET_OPTION = common.KV_BUDGET_OPTION
     MIXED_REQUESTS = True
 
     @classmethod
@@ -61,8 +62,14 @@ class VLLMEngine(Engine):
             from vllm import LLM
         except (ImportError, RuntimeError) as exc:
             raise common.import_failure(exc) from exc
-        self._llm: Any = LLM(**common.engine_args(config, self.options))
+        # with a KV budget, log stats on: its preemption counter is what preemptions() reads
+        self._counts = common.KV_BUDGET_OPTION in self.options
+        self._llm: Any = LLM(
+            **common.engine_args(config, self.options), disable_log_stats=not self._counts
+        )
         _OPEN.add(id(self))
+        # vLLM's counters live in one registry per process: counted from this engine's start
+        self._preempted_before = self._preempted()
         self._config = internals.vllm_config(self._llm)
         self._max_model_len: int = (
             self._config.model_config.max_model_len
@@ -70,6 +77,14 @@ class VLLMEngine(Engine):
             else self.options.get("max_model_len", sys.maxsize)
         )
         self._seeded_chunk = self._prefill_chunk()
+
+    def _preempted(self) -> int:
+        return common.count_preemptions(self._llm.get_metrics()) if self._counts else 0
+
+    def preemptions(self) -> int | None:
+        """Requests vLLM preempted since this engine started (``vllm:num_preemptions`` from
+        ``LLM.get_metrics()``); None without a KV budget, where log stats stay off."""
+        return self._preempted() - self._preempted_before if self._counts else None
 
     def _prefill_chunk(self) -> int | None:
         """The prefill chunk seeded CPU requests must fit in (see ``seeded_groups``): vLLM's
@@ -204,6 +219,11 @@ class VLLMEngine(Engine):
                 "max_model_len": config.model_config.max_model_len,
                 "logprobs_mode": config.model_config.logprobs_mode,
             }
+            if self._counts:
+                cache = config.cache_config
+                # one block is the pool's null block (see kv_budget_args)
+                blocks = cache.num_gpu_blocks_override - 1
+                info["knobs"]["kv_cache_tokens"] = blocks * cache.block_size
         return info
 
     def close(self) -> None:

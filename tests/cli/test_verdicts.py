@@ -30,6 +30,7 @@ NAMED_CAUSES = (
     "than served alone",
     "uniformity p-value",
     "not independent draws",
+    "sampled other tokens",
 )
 #: what the support property's failure says (``conformance.session``'s audit)
 OUTSIDE_SUPPORT = "outside the stated sampler's support"
@@ -83,6 +84,10 @@ DEFECTS = [
     # token is no stop id
     ("DroppedStopToken", [], {"rollout_parity"}, "the stop token dropped?"),
     ("RetokenizesBetweenTurns", [], {"multi_turn"}, "abs_diff_max"),
+    # right log-probs; a preempted request's later tokens from a re-seeded stream
+    ("ReseedsAfterPreemption", ["preemption"], {"preemption"}, "vllm#19940"),
+    # K + N log-probs for N tokens once preempted: a protocol violation on the budgeted batch
+    ("ExtraLogprobsAfterRetraction", ["preemption"], {"preemption"}, "log-probs"),
     # a mixed batch sampled with its first request's sampler: tokens outside a request's own
     # support (or, where the supports agree, other tokens than the request served alone)
     ("FirstRequestSampler", ["mixed_requests"], {"mixed_requests"}, "generate_requests()"),
@@ -202,6 +207,13 @@ CONTROLS = {
     "bf16-engine": ["--engine-dtype", "bfloat16"],
     "fp16-engine": ["--engine-dtype", "float16"],
     "bf16-both": ["--engine-dtype", "bfloat16", "--backend-dtype", "bfloat16"],
+    # a KV budget of its own, preempting and recomputing requests in the preemption suite
+    "budgeted-waves": [
+        "--engine",
+        ENGINES + "BudgetedWaves",
+        "--engine-option",
+        "kv_budget_tokens=4096",
+    ],
 }
 
 

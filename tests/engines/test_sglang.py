@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.engine_tests import needs, started
+from support.engine_tests import needs, over_budget, started
 
 from conformance.engines import SamplingSpec
 from conformance.engines import _sglang_common as common
@@ -70,3 +70,13 @@ def test_info_names_what_sglang_reads_from_the_environment(engine) -> None:
     # raw output logprobs, and the rope cache in fp32 as on GPU
     assert info["env"]["SGLANG_RETURN_ORIGINAL_LOGPROB"] == "1"
     assert info["env"]["SGLANG_ROPE_CACHE_FP32"] == "1"
+
+
+def test_a_kv_budget_makes_sglang_retract(engine, default_model: Path) -> None:
+    """max_total_tokens=256 (KV_BUDGET_OPTION) with its admission estimate of 16 tokens to come
+    (KV_BUDGET_REQUIRES): a batch needing 960 tokens is retracted, as the replies'
+    num_retractions count; with room to spare (the module's 2,048 tokens) nothing is."""
+    assert over_budget(engine) == 0
+    options = {**engine.KV_BUDGET_REQUIRES, engine.KV_BUDGET_OPTION: "256"}
+    with started("sglang", default_model, options=options) as budgeted:
+        assert over_budget(budgeted) > 0

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.engine_tests import needs, started
+from support.engine_tests import needs, over_budget, started
 
 from conformance.engines import SamplingSpec
 from conformance.errors import UsageError
@@ -74,3 +74,13 @@ def test_a_torchvision_that_does_not_load_is_one_line_naming_the_uninstall(
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("tim-conformance")]
     assert "pip uninstall -y torchvision torchaudio torchcodec" in line
     assert "Traceback" not in result.stderr
+
+
+def test_a_kv_budget_makes_vllm_preempt(engine, default_model: Path) -> None:
+    """kv_cache_tokens=256 (KV_BUDGET_OPTION) leaves two 128-token blocks: a batch needing 960
+    tokens is preempted, as vllm:num_preemptions counts; the engine without a budget runs
+    with log stats off and cannot tell."""
+    assert engine.preemptions() is None
+    with started("vllm", default_model, options={engine.KV_BUDGET_OPTION: "256"}) as budgeted:
+        assert budgeted.info()["knobs"]["kv_cache_tokens"] == 256
+        assert over_budget(budgeted) > 0

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from conformance.engines.base import Completion, EngineConfig, LogprobKind, Request, SamplingSpec
 from conformance.engines.hf_generate import HFGenerateEngine
+from conformance.hf_model import device
 from conformance.sampling import SamplerOrder, truncate
 
 
@@ -679,3 +680,155 @@ class TieBreakRouter(_RerouteEngine):
         # rounded probability first, expert id second: equal roundings go to the higher id
         key = torch.round(probs * 100) * probs.shape[-1] + ids
         return key.topk(router.top_k, dim=-1).indices
+
+
+# -- preemption under a KV budget ---------------------------------------------------------------
+class BudgetedWaves(HFGenerateEngine):
+    """Sound: a KV cache bounded to ``kv_budget_tokens`` tokens (its ``KV_BUDGET_OPTION``;
+    0 = unbounded), scheduled as vLLM's is. Requests are admitted in order while their prompts
+    and tokens so far fit the budget; before a decode step that would overflow it, the request
+    admitted last is preempted (its cache dropped, the request put back at the head of the
+    queue) and, once readmitted, recomputed in one prefill of its prompt and the tokens it had
+    sampled. Each request samples from a random stream of its own, seeded with the spec's seed
+    (as vLLM seeds a request), which a preemption carries over. ``preemptions()`` counts them.
+    Decoding is one request at a time: its rollout does not depend on the schedule."""
+
+    name = "budgeted-waves"
+    OPTIONS: ClassVar[Mapping[str, str]] = {
+        **HFGenerateEngine.OPTIONS,
+        "kv_budget_tokens": "0",
+    }
+    KV_BUDGET_OPTION = "kv_budget_tokens"
+    # one request, one stream: the harness forks a group into one seeded batch per child
+    PARALLEL_SAMPLING = False
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self.budget = int(self.options["kv_budget_tokens"]) or None
+        self._preemptions = 0
+
+    def preemptions(self) -> int:
+        return self._preemptions
+
+    def preempted(self, request: dict[str, Any], spec: SamplingSpec) -> None:
+        """What a preemption does to a request besides dropping its cache: nothing (its random
+        stream goes on where it stopped, its tokens and log-probs stay)."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        import torch
+
+        if spec.stop:
+            raise NotImplementedError(f"engine {self.name!r} does not match stop strings")
+        top_logprobs = kw.get("top_logprobs", 0)
+        stops = spec.stops_at(self._eos_id)
+        need = max(len(p) for p in prompts) + spec.max_new_tokens
+        if self.budget is not None and need > self.budget:
+            raise NotImplementedError(
+                f"a request needs {need} KV tokens, more than the budget of {self.budget}"
+            )
+        requests = [
+            {"prompt": list(p), "tokens": [], "lps": [], "top": [], "cache": None, "next": None,
+             "stream": torch.Generator().manual_seed(spec.seed), "done": False}
+            for p in prompts
+        ]  # fmt: skip
+        waiting, running = list(range(len(requests))), []
+
+        def held(index: int) -> int:
+            request = requests[index]
+            return len(request["prompt"]) + len(request["tokens"])
+
+        while waiting or running:
+            # admit in order while the queue's head fits (a lone request always does)
+            while waiting and (
+                self.budget is None
+                or not running
+                or sum(held(i) + 1 for i in running) + held(waiting[0]) + 1 <= self.budget
+            ):
+                index = waiting.pop(0)
+                self._prefill(requests[index])
+                running.append(index)
+            # the next decode step writes one more token per running request
+            while self.budget is not None and sum(held(i) + 1 for i in running) > self.budget:
+                victim = running.pop()
+                request = requests[victim]
+                request["cache"], request["next"] = None, None
+                self.preempted(request, spec)
+                waiting.insert(0, victim)
+                self._preemptions += 1
+            for index in list(running):
+                request = requests[index]
+                self._step(request, spec, stops, top_logprobs)
+                if request["done"]:
+                    running.remove(index)
+        return [
+            Completion(
+                prompt=r["prompt"],
+                tokens=r["tokens"],
+                logprobs=r["lps"],
+                top_logprobs=r["top"] if top_logprobs else None,
+                finish_reason="stop" if r["tokens"] and r["tokens"][-1] in stops else "length",
+            )
+            for r in requests
+        ]
+
+    def _prefill(self, request: dict[str, Any]) -> None:
+        """Compute the request's cache from its prompt and the tokens it has (a recompute after
+        a preemption); keep the logits of its next token."""
+        import torch
+
+        ids = torch.tensor([request["prompt"] + request["tokens"]], device=device())
+        with torch.no_grad():
+            out = self._model(input_ids=ids, use_cache=True)
+        request["cache"], request["next"] = out.past_key_values, out.logits[0, -1].float().cpu()
+
+    def _step(
+        self, request: dict[str, Any], spec: SamplingSpec, stops: frozenset[int], top: int
+    ) -> None:
+        import torch
+
+        raw = torch.log_softmax(request["next"], dim=-1)
+        processed = truncate(torch.log_softmax(request["next"] / spec.temperature, -1),
+                             spec.top_k, spec.top_p)  # fmt: skip
+        token = int(torch.multinomial(processed.exp(), 1, generator=request["stream"]))
+        reported = raw if self.config.logprobs is LogprobKind.RAW else processed
+        request["tokens"].append(token)
+        request["lps"].append(float(reported[token]))
+        if top:
+            values, indices = reported.topk(top)
+            request["top"].append(dict(zip(indices.tolist(), values.tolist(), strict=True)))
+        if token in stops or len(request["tokens"]) == spec.max_new_tokens:
+            request["done"], request["cache"] = True, None
+            return
+        with torch.no_grad():
+            out = self._model(
+                input_ids=torch.tensor([[token]], device=device()),
+                past_key_values=request["cache"],
+                use_cache=True,
+            )
+        request["cache"], request["next"] = out.past_key_values, out.logits[0, -1].float().cpu()
+
+
+class ReseedsAfterPreemption(BudgetedWaves):
+    """Re-creates a preempted request's random stream from its seed when the request resumes
+    (vllm#19940: a seeded request's generator was rebuilt after preemption), so its later
+    tokens are drawn from the start of a fresh stream: right log-probs, other tokens than the
+    same seeded request served without a preemption."""
+
+    name = "reseeds-after-preemption"
+
+    def preempted(self, request: dict[str, Any], spec: SamplingSpec) -> None:
+        import torch
+
+        request["stream"] = torch.Generator().manual_seed(spec.seed)
+
+
+class ExtraLogprobsAfterRetraction(BudgetedWaves):
+    """Returns K + N log-probs for a rollout of N tokens that was preempted after K of them
+    (sglang#20724: after a retraction the request's output log-probs were appended to those it
+    already had, only on the model that hit memory pressure); its tokens are right."""
+
+    name = "extra-logprobs-after-retraction"
+
+    def preempted(self, request: dict[str, Any], spec: SamplingSpec) -> None:
+        # the K log-probs so far again: the resumed request appends its own after them
+        request["lps"].extend(list(request["lps"]))
