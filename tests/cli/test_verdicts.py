@@ -17,7 +17,7 @@ import pytest
 from support.certify_runs import ENGINES, REPO, certify, certify_interrupted, failed_checks
 
 from conformance.depth import DEPTHS
-from conformance.metric_table import METRIC_NAMES
+from conformance.metric_table import METRIC_NAMES, metric
 
 #: what a failure message names as its cause: a metric, the processed-logprobs finding, a
 #: protocol violation (an answer of the wrong shape), or the sampler-fidelity test
@@ -79,11 +79,11 @@ DEFECTS = [
     # passes the same prompts after a sync; the next step's new prompts that share its blocks
     ("PrefixTreeOutlivesSync", ["weight_sync"], {"weight_sync"}, "abs_diff_max"),
     ("MiddleBatchNumerics", ["batch_invariance"], {"batch_invariance"}, "profile fp32"),
-    ("ZeroStopLogprob", [], {"rollout_parity"}, "abs_diff_max"),
+    ("ZeroStopLogprob", ["rollout_parity"], {"rollout_parity"}, "abs_diff_max"),
     # the same number of tokens and log-probs, but the rollout says it stopped and its last
     # token is no stop id
-    ("DroppedStopToken", [], {"rollout_parity"}, "the stop token dropped?"),
-    ("RetokenizesBetweenTurns", [], {"multi_turn"}, "abs_diff_max"),
+    ("DroppedStopToken", ["rollout_parity"], {"rollout_parity"}, "the stop token dropped?"),
+    ("RetokenizesBetweenTurns", ["multi_turn"], {"multi_turn"}, "abs_diff_max"),
     # right log-probs; a preempted request's later tokens from a re-seeded stream
     ("ReseedsAfterPreemption", ["preemption"], {"preemption"}, "vllm#19940"),
     # K + N log-probs for N tokens once preempted: a protocol violation on the budgeted batch
@@ -115,6 +115,10 @@ def test_each_defect_is_not_certified_with_a_shrunk_case(
         case = check["worst_case"]
         assert case["prompt_ids"] and "--hypothesis-seed" in case["replay"], check
         assert any(cause in check["message"] for cause in NAMED_CAUSES), check["message"]
+        # whatever form the violation takes, it is a metric, its value and the bound it broke
+        assert check["violations"], check["message"]
+        for v in check["violations"]:
+            assert metric(v["metric"]).violates(v["value"], v["threshold"]), v
     assert any(phrase in c["message"] for c in failed), [c["message"] for c in failed]
 
 
@@ -207,12 +211,22 @@ CONTROLS = {
     "bf16-engine": ["--engine-dtype", "bfloat16"],
     "fp16-engine": ["--engine-dtype", "float16"],
     "bf16-both": ["--engine-dtype", "bfloat16", "--backend-dtype", "bfloat16"],
-    # a KV budget of its own, preempting and recomputing requests in the preemption suite
+    # a KV budget of its own, preempting and recomputing requests in the preemption suite; its
+    # own sampling loop held by the suites that judge sampled rollouts (its scoring is
+    # hf-generate's)
     "budgeted-waves": [
         "--engine",
         ENGINES + "BudgetedWaves",
         "--engine-option",
         "kv_budget_tokens=4096",
+        "--suite",
+        "preemption",
+        "--suite",
+        "rollout_parity",
+        "--suite",
+        "determinism",
+        "--suite",
+        "sampler_fidelity",
     ],
 }
 
