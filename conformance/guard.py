@@ -23,6 +23,7 @@ from typing import Any
 from conformance.backends import BACKENDS
 from conformance.engines import ENGINES
 from conformance.errors import ConformanceError, EngineCrashed, EngineUnavailable, UsageError
+from conformance.metric_table import breach
 from conformance.outcome import first_line
 
 #: attributes that are answered by the component itself, never guarded or timed
@@ -35,7 +36,12 @@ class CallTimedOut(Exception):
 
 class ProtocolViolation(AssertionError):
     """A component answered, but not in the shape its protocol promises (a result per input,
-    one log-prob per token): a conformance failure, not a crash."""
+    one log-prob per token): a conformance failure, not a crash, named as the metric
+    ``malformed_answers``."""
+
+    def __init__(self, message: str) -> None:
+        self.breach = breach("malformed_answers", 1, 0)
+        super().__init__(f"{message} [{self.breach}]")
 
 
 def check_answer(

@@ -1,4 +1,5 @@
-"""Every fact about every mismatch metric, in one table that every module reads.
+"""Every fact about every metric (the mismatch metrics and the properties' own findings), in
+one table that every module reads.
 
 A metric's name, its ideal value, which side of a threshold is a violation, whether it bounds a
 single example (so Hypothesis can shrink a violation to a minimal reproducer) or a test's pooled
@@ -23,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Bound = Literal["max", "min", "abs"]
 Scope = Literal["example", "pooled"]
@@ -57,8 +58,11 @@ class Metric:
     #: it was calibrated on and grows as √(n / that pool) past it (``Profile.bounds``)
     pool_scaled: bool = False
     #: what computes it: ``mismatch`` (``conformance.metrics.mismatch_metrics``, every stack) or
-    #: ``routing`` (``conformance.routing.routing_metrics``, MoE stacks reporting routes)
-    family: Literal["mismatch", "routing"] = "mismatch"
+    #: ``routing`` (``conformance.routing.routing_metrics``, MoE stacks reporting routes);
+    #: ``property``: a property's own finding, bounded by the suite that measures it (a count
+    #: that must stay 0, a p-value above the test's share of the run's false alarms), never by
+    #: a profile
+    family: Literal["mismatch", "routing", "property"] = "mismatch"
 
     def deviation(self, value: float) -> float:
         """Distance from the ideal value (NaN stays NaN)."""
@@ -148,7 +152,56 @@ METRICS: tuple[Metric, ...] = (
     Metric("abs_diff_mean_route_flipped", 0.0, "max", "pooled",
            "mean |log ρ| over tokens with a routing flip", "R3, Miles #2722",
            family="routing"),
+    # the properties' own findings (conformance.recorder.Recorder.fail's ``breach``)
+    Metric("out_of_support_tokens", 0.0, "max", "example",
+           "sampled tokens outside the stated sampler's support: processed probability 0, "
+           "ρ infinite (conformance.support_audit)", "transformers#23088, NeMo-RL#237",
+           family="property"),
+    Metric("improbable_identical_children", 0.0, "max", "example",
+           "pairs of a request's n children identical on a sequence independent draws repeat "
+           "less often than the test's false-alarm share (suites/test_group_sampling.py)",
+           "tt-metal#53077", family="property"),
+    Metric("sampler_p_value", 1.0, "min", "example",
+           "uniformity p-value of the sampled tokens' randomized PIT under the spec's "
+           "distribution (conformance.sampler_stats)", "tim-conformance", family="property"),
+    Metric("rollouts_changed_on_rerun", 0.0, "max", "example",
+           "seeded rollouts whose tokens changed when the same request ran again (again, "
+           "alone, or after a preemption)", "vllm#19940", family="property"),
+    Metric("rollouts_past_stop", 0.0, "max", "example",
+           "rollouts whose text runs on past one of their stop strings", "tim-conformance",
+           family="property"),
+    Metric("rho_std_over_floor", 1.0, "min", "example",
+           "measured std ρ over the simulated rounding floor of the run's precision: far below "
+           "1 the measurement is broken (conformance.floor)", "tim-conformance",
+           family="property"),
+    Metric("malformed_answers", 0.0, "max", "example",
+           "engine or backend answers not in the shape their protocol promises (a result per "
+           "input, a log-prob per token, an ending as finish_reason says; conformance.guard)",
+           "sglang#20724", family="property"),
+    Metric("top_logprobs_abs_diff_max", 0.0, "max", "example",
+           "max |Δ| of a request's reported top-k log-probs against the backend's",
+           "vllm#51789", family="property"),
 )  # fmt: skip
+
+
+class Breach(NamedTuple):
+    """One metric on the wrong side of its threshold: as :meth:`conformance.profiles.Profile.check`
+    finds it, or as a property names its own finding (``Recorder.fail``). The report records it
+    as ``conformance.report.schema.Violation``."""
+
+    metric: str
+    value: float
+    threshold: float
+    bound: Bound
+
+    def __str__(self) -> str:
+        return f"{self.metric} = {metric(self.metric).relation(self.value, self.threshold)}"
+
+
+def breach(name: str, value: float, threshold: float) -> Breach:
+    """``name``'s value on the wrong side of ``threshold``, with the table's bound."""
+    return Breach(name, float(value), float(threshold), metric(name).bound)
+
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
 #: every metric name, in report order

@@ -13,6 +13,7 @@ import traceback
 from dataclasses import dataclass
 
 from conformance.errors import ConformanceError, EngineCrashed
+from conformance.metric_table import Breach
 
 #: how an error that is neither a violation nor the stack's own is named
 FAULT = "harness/adapter fault"
@@ -21,11 +22,20 @@ FAULT = "harness/adapter fault"
 _MORE_SHOWN = 3
 
 
-class ProfileViolation(AssertionError):
+class Finding(AssertionError):
+    """A violated property; ``breach`` names it as a metric, its value and the bound it broke,
+    where it has one (the report's violation)."""
+
+    def __init__(self, message: str, breach: Breach | None = None) -> None:
+        super().__init__(message)
+        self.breach = breach
+
+
+class ProfileViolation(Finding):
     """A measurement outside the active profile's bounds."""
 
 
-class PropertyFailure(AssertionError):
+class PropertyFailure(Finding):
     """A property's own finding (processed logprobs, a rollout that differs on a rerun, a
     measurement below the rounding floor): more specific than a bound, so it leads a report.
 

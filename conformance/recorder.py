@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from conformance.errors import NonFiniteLogprobs, UsageError
-from conformance.metric_table import EXAMPLE_METRICS
+from conformance.metric_table import EXAMPLE_METRICS, Breach
 from conformance.outcome import ProfileViolation, PropertyFailure, origin
 
 if TYPE_CHECKING:
@@ -306,8 +306,8 @@ class Recorder:
         )
         if violations:
             detail = f" — {record.nonfinite_at}" if metrics["nonfinite_tokens"] else ""
-            self._raise(
-                ProfileViolation,
+            self._raise_violation(
+                violations,
                 f"{_describe(violations)} (profile {self._profile.name}){detail}",
                 metrics,
             )
@@ -325,25 +325,40 @@ class Recorder:
             worst = record.worst[1]
             # the failure is kept as the worst example's (``example_failed``)
             record.case, record.example = worst.case, worst.number or 0
-            self._raise(
-                ProfileViolation,
+            self._raise_violation(
+                violations,
                 f"{_describe(violations)} over all {record.examples_run} examples pooled "
                 f"(profile {self._profile.name}); the worst example below",
                 worst.metrics,
             )
 
-    def fail(self, headline: str, metrics: dict[str, float] | None = None) -> NoReturn:
-        """Fail the running example with the property's own finding; the message carries its
-        case and the replay command."""
-        self._raise(PropertyFailure, headline, metrics)
+    def fail(
+        self,
+        headline: str,
+        metrics: dict[str, float] | None = None,
+        *,
+        breach: Breach | None = None,
+    ) -> NoReturn:
+        """Fail the running example with the property's own finding, named by ``breach`` (its
+        metric, value and bound: the check's violation) where it has one; the message carries
+        them, the case and the replay command."""
+        if breach is not None:
+            headline = f"{headline} [{breach}]"
+        record = self._require_check()
+        if metrics is not None:
+            record.metrics = metrics
+        raise PropertyFailure(self._located(record, headline), breach)
 
-    def _raise(
-        self, kind: type[AssertionError], headline: str, metrics: dict[str, float] | None
+    def _raise_violation(
+        self, violations: Sequence[Breach], headline: str, metrics: dict[str, float] | None
     ) -> NoReturn:
         record = self._require_check()
         if metrics is not None:
             record.metrics = metrics
-        raise kind(
+        raise ProfileViolation(self._located(record, headline), violations[0])
+
+    def _located(self, record: CheckRecord, headline: str) -> str:
+        return (
             f"{record.suite}: {headline}\n  case: {json.dumps(record.case)}\n"
             f"  replay: {self._replay(record.nodeid)}"
         )

@@ -176,7 +176,8 @@ class HarnessSession:
         its tokens in the running check, fail it on a token outside. A mixed batch
         (``generate_requests``) is held per request, to its own spec. Batches sampled without
         top-k/top-p, outside a check, or once engine or backend took new weights are not held."""
-        from conformance.guard import ProtocolViolation
+        from conformance.metric_table import breach
+        from conformance.outcome import PropertyFailure
         from conformance.support_audit import audit_rollouts, sampled_batches
 
         record = self.recorder.current
@@ -208,14 +209,28 @@ class HarnessSession:
                 if rows is not None:
                     completion, rest = first.split(" ", 2)[1:]
                     first = f"request {rows[int(completion)]}'s completion {rest}"
-                raise ProtocolViolation(
+                outside = breach("out_of_support_tokens", found.outside, 0)
+                raise PropertyFailure(
                     f"engine {engine.name!r} {method}() gave {first} outside the stated "
                     f"sampler's support ({found.outside} of {found.tokens} sampled tokens; "
                     f"temperature {spec.temperature:g}, top_k {spec.top_k}, top_p "
                     f"{spec.top_p:g}, {engine.SAMPLER_ORDER.value}): its processed probability "
                     "is 0, so a trainer recomputing it gets -inf — check the order and masking "
-                    "of the engine's sampler (or declare its order as Engine.SAMPLER_ORDER)"
+                    "of the engine's sampler (or declare its order as Engine.SAMPLER_ORDER) "
+                    f"[{outside}]",
+                    outside,
                 )
+
+    def _breaches(
+        self, record: CheckRecord, outcome: Outcome, metrics: dict[str, float], tokens: int | None
+    ) -> list[Any]:
+        """The check's violations: the profile's bounds its pooled metrics broke, and the
+        property's own finding (``Recorder.fail``'s breach), first where the check names it."""
+        found = getattr(outcome.primary, "breach", None) if outcome.status == "fail" else None
+        bounds = self.profile.check(metrics, tokens=tokens, suite=record.suite) if metrics else []
+        if found is None or any(b.metric == found.metric for b in bounds):
+            return bounds
+        return [found, *bounds]
 
     def _on_crash(
         self, reason: str, *, fix: str | None = None, exc: BaseException | None = None
@@ -293,14 +308,7 @@ class HarnessSession:
             thresholds={
                 k: v for k, v in self.profile.bounds(record.suite, tokens).items() if k in metrics
             },
-            violations=(
-                [
-                    Violation.of(b)
-                    for b in self.profile.check(metrics, tokens=tokens, suite=record.suite)
-                ]
-                if metrics
-                else []
-            ),
+            violations=[Violation.of(b) for b in self._breaches(record, outcome, metrics, tokens)],
             not_judged=self.profile.unjudged(metrics, tokens=tokens, suite=record.suite),
             worst_case={**case, "replay": self.replay_command(record.nodeid)} if case else None,
             worst_case_metrics=named.metrics if named else None,

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conformance.metric_table import breach
 from conformance.suite_support import prompt_batches, rollout_specs
 
 
@@ -47,15 +48,20 @@ def test_seeded_sampling_is_deterministic(data, engine, model, depth, recorder):
     first = engine.generate(prompts, spec)
     again = engine.generate(prompts, spec)
 
-    for row, (a, b) in enumerate(zip(first, again, strict=True)):
-        if a.tokens != b.tokens:
-            step = next(
-                i for i, (x, y) in enumerate(zip(a.tokens, b.tokens, strict=False)) if x != y
-            )
-            recorder.fail(
-                f"the same seeded case sampled different tokens: sequence {row} diverges at "
-                f"token {step} ({a.tokens[step]} vs {b.tokens[step]})"
-            )
+    changed = [
+        row for row, (a, b) in enumerate(zip(first, again, strict=True)) if a.tokens != b.tokens
+    ]
+    if changed:
+        row = changed[0]
+        a, b = first[row].tokens, again[row].tokens
+        step = next(
+            (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+        )
+        recorder.fail(
+            f"the same seeded case sampled different tokens: sequence {row} diverges at "
+            f"token {step} ({a[step : step + 1]} vs {b[step : step + 1]})",
+            breach=breach("rollouts_changed_on_rerun", len(changed), 0),
+        )
     metrics = recorder.measure(
         [c.logprobs for c in first],
         [c.logprobs for c in again],

@@ -94,7 +94,8 @@ def test_knobs_keep_logprobs(index, tim, engine, model, depth, recorder):
             recorder.case(last["prompts"], last["shape"], last["spec"], knobs={})
             recorder.fail(
                 f"the engine itself, no knob changed, fails this case: {found} (an engine "
-                f"defect, not a knob's; variant {knobs} fails it too)"
+                f"defect, not a knob's; variant {knobs} fails it too)",
+                breach=violation.breach,
             )
 
         def part_fails(part):
@@ -103,7 +104,9 @@ def test_knobs_keep_logprobs(index, tim, engine, model, depth, recorder):
         culprit = smallest_failing(knobs, part_fails)
         recorder.case(last["prompts"], last["shape"], last["spec"], knobs=culprit)
         named = ", ".join(f"{k}={v}" for k, v in culprit.items())
-        recorder.fail(f"{named} changes logprobs: {found} (variant {knobs})")
+        recorder.fail(
+            f"{named} changes logprobs: {found} (variant {knobs})", breach=violation.breach
+        )
     if unsampled:
         recorder.remark(
             f"{len(unsampled)} of {rollouts} rollouts not sampled by this variant (scored only); "

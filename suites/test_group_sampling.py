@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from conformance.engines import SamplingSpec
-from conformance.metric_table import GROUP_FALSE_ALARMS_PER_RUN
+from conformance.metric_table import GROUP_FALSE_ALARMS_PER_RUN, breach
 from conformance.suite_support import generated_rows, sample_groups
 
 #: a plain spec and RL's filtered one, colder than 1
@@ -67,7 +67,7 @@ def test_group_children_are_independent_draws(
     log_p = [sum(row) + slack * len(row) for row in per_token]
     pairs = math.comb(CHILDREN, 2)
     log_tau = math.log(ALPHA / (PROMPTS * pairs))
-    identical, expected, alarm = 0, 0.0, ""
+    identical, improbable, expected, alarm = 0, 0, 0.0, ""
     for group in range(PROMPTS):
         members = range(group * CHILDREN, (group + 1) * CHILDREN)
         expected += pairs * sum(math.exp(min(0.0, log_p[j])) for j in members) / CHILDREN
@@ -75,6 +75,7 @@ def test_group_children_are_independent_draws(
             for k in range(j + 1, members.stop):
                 if children[j].tokens == children[k].tokens:
                     identical += 1
+                    improbable += log_p[j] < log_tau
                     if log_p[j] < log_tau and not alarm:
                         alarm = (
                             f"children {j % CHILDREN} and {k % CHILDREN} of prompt {group} are "
@@ -86,17 +87,22 @@ def test_group_children_are_independent_draws(
             f"the n={CHILDREN} children of a request are not independent draws: {alarm}"
             f"(independent draws repeat it with probability < {ALPHA:.0e} in the whole run); "
             f"{identical} identical pairs of {PROMPTS * pairs}, {expected:.2g} expected — each "
-            "child needs its own random stream (seed + child index, as vLLM does)"
+            "child needs its own random stream (seed + child index, as vLLM does)",
+            breach=breach("improbable_identical_children", improbable, 0),
         )
     recorder.check_profile(measured)
 
     if engine.info().get("seeded") is False:
         return
     again = sample_groups(engine, prompts, spec)
-    for row, (a, b) in enumerate(zip(children, again, strict=True)):
-        if a.tokens != b.tokens:
-            recorder.fail(
-                f"the same seeded request of n={CHILDREN} samples gave other children: child "
-                f"{row % CHILDREN} of prompt {row // CHILDREN} differs — a seeded request must "
-                "repeat as a whole"
-            )
+    changed = [
+        row for row, (a, b) in enumerate(zip(children, again, strict=True)) if a.tokens != b.tokens
+    ]
+    if changed:
+        row = changed[0]
+        recorder.fail(
+            f"the same seeded request of n={CHILDREN} samples gave other children: child "
+            f"{row % CHILDREN} of prompt {row // CHILDREN} differs — a seeded request must "
+            "repeat as a whole",
+            breach=breach("rollouts_changed_on_rerun", len(changed), 0),
+        )

@@ -39,6 +39,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.engines import Request
+from conformance.metric_table import breach
 from conformance.suite_support import generated_rows, prompt_batches, rollout_specs
 
 #: requests per mixed batch (the depth's batch size caps it below)
@@ -88,7 +89,11 @@ def _check_top_logprobs(recorder, backend, requests, completions, margin):
                     f"at step {step} are not the backend's: {diff:.3g} off at worst, the "
                     f"backend's {request.top_logprobs}-th ranked {missing:.3g} above the lowest "
                     f"reported (abs_diff_max bound {margin:.3g}) — a request's top-k log-probs "
-                    "taken from another request's row (vllm#51789)"
+                    "taken from another request's row (vllm#51789)",
+                    # the other way to fail, a top-k id left out, has no one number
+                    breach=breach("top_logprobs_abs_diff_max", diff, margin)
+                    if diff > margin
+                    else None,
                 )
     recorder.note(top_logprobs_abs_diff_max=worst)
 
@@ -115,7 +120,8 @@ def _check_alone(recorder, engine, request, in_batch):
             f"a seeded request served in the mixed batch sampled other tokens than served "
             f"alone from step {common} on ({alone.tokens[common : common + 1]} alone), after "
             f"{common} steps of bitwise equal log-probs: the batch served it with another seed "
-            "or other parameters (vllm#14301)"
+            "or other parameters (vllm#14301)",
+            breach=breach("rollouts_changed_on_rerun", 1, 0),
         )
 
 

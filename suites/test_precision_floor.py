@@ -12,6 +12,7 @@ import torch
 
 from conformance.engines import SamplingSpec
 from conformance.floor import logit_std_for_entropy, simulate_floor
+from conformance.metric_table import breach
 from conformance.suite_support import generated_rows
 
 #: measured std ρ below this fraction of the simulated floor is flagged; rounding of the whole
@@ -50,4 +51,7 @@ def test_mismatch_is_not_below_the_rounding_floor(engine, backend, model, record
             "measurement is broken — check that the engine really runs in "
             f"{tim.spec.engine_dtype} and the backend in {tim.spec.backend_dtype}",
             metrics,
+            breach=breach(
+                "rho_std_over_floor", metrics["rho_std"] / floor.ratio_std, FLOOR_FRACTION
+            ),
         )

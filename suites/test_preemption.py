@@ -37,6 +37,7 @@ import pytest
 import torch
 
 from conformance.engines import SamplingSpec
+from conformance.metric_table import breach
 from conformance.suite_support import generated_rows
 
 #: the variant's KV budget in tokens: two of vLLM-CPU's 128-token blocks
@@ -136,15 +137,21 @@ def test_preempted_seeded_rollouts_repeat(tim, engine, model, recorder):
             "batch's schedule may move its rounding"
         )
     for how, again in runs.items():
-        for row, (a, b) in enumerate(zip(completions, again, strict=True)):
-            if a.tokens != b.tokens:
-                step = next(
-                    (i for i, (x, y) in enumerate(zip(a.tokens, b.tokens, strict=False)) if x != y),
-                    min(len(a.tokens), len(b.tokens)),
-                )
-                recorder.fail(
-                    f"the same seeded batch, {how}, sampled other tokens: request {row} diverges "
-                    f"at token {step} of {len(a.tokens)} — a preempted request must go on with "
-                    "its own random stream where it stopped (vllm#19940 re-created it from the "
-                    "seed)"
-                )
+        changed = [
+            row
+            for row, (a, b) in enumerate(zip(completions, again, strict=True))
+            if a.tokens != b.tokens
+        ]
+        if changed:
+            a, b = completions[changed[0]].tokens, again[changed[0]].tokens
+            step = next(
+                (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                min(len(a), len(b)),
+            )
+            recorder.fail(
+                f"the same seeded batch, {how}, sampled other tokens: request {changed[0]} "
+                f"diverges at token {step} of {len(a)} — a preempted request must go on with "
+                "its own random stream where it stopped (vllm#19940 re-created it from the "
+                "seed)",
+                breach=breach("rollouts_changed_on_rerun", len(changed), 0),
+            )

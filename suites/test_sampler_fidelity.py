@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from conformance.engines import SamplingSpec
-from conformance.metric_table import SAMPLER_BINS, SAMPLER_FALSE_ALARMS_PER_RUN
+from conformance.metric_table import SAMPLER_BINS, SAMPLER_FALSE_ALARMS_PER_RUN, breach
 from conformance.sampler_stats import randomized_pit, uniformity_pvalue
 from conformance.sampling import truncate
 
@@ -80,5 +80,6 @@ def test_sampled_tokens_follow_the_stated_distribution(
             f"{p_value:.3g} < {P_BOUND:.3g} over {tokens.numel()} tokens (mean PIT "
             f"{float(u.mean()):.3f}, ideal 0.5, above it sampled too hot; {outside} tokens "
             "outside the spec's top-k/top-p) — check the temperature, top-k and top-p the "
-            "engine really applies"
+            "engine really applies",
+            breach=breach("sampler_p_value", p_value, P_BOUND),
         )

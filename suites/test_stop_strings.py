@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conformance.metric_table import breach
 from conformance.suite_support import generated_rows, model_tokenizer, prompt_batches, rollout_specs
 
 #: most stop strings in one spec
@@ -81,10 +82,18 @@ def test_stop_strings_keep_ids_and_logprobs_aligned(
     except NotImplementedError as exc:
         pytest.skip(str(exc).splitlines()[0])
     stops = spec.stops_at(model.eos_token_id)
-    for row, completion in enumerate(completions):
+    past = [
+        row
+        for row, c in enumerate(completions)
+        if any(s in _new_text(tokenizer, c.prompt, c.tokens[:-1]) for s in stop)
+    ]
+    if past:
+        recorder.fail(
+            f"sequence {past[0]} runs on past one of the stop strings {stop}",
+            breach=breach("rollouts_past_stop", len(past), 0),
+        )
+    for completion in completions:
         tokens = completion.tokens
-        if any(s in _new_text(tokenizer, completion.prompt, tokens[:-1]) for s in stop):
-            recorder.fail(f"sequence {row} runs on past one of the stop strings {stop}")
         text = _new_text(tokenizer, completion.prompt, tokens)
         by_text = completion.finish_reason == "stop" and tokens[-1] not in stops
         if by_text and not any(s in text for s in stop) and not _phantom(recorder):

@@ -30,25 +30,10 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from conformance.errors import ProfileError
-from conformance.metric_table import METRIC_NAMES, Bound, metric
-
-
-class Breach(NamedTuple):
-    """One metric on the wrong side of its threshold, as :meth:`Profile.check` finds it (the
-    report records it as ``conformance.report.schema.Violation``: profiles sit below the
-    report, so they return plain values)."""
-
-    metric: str
-    value: float
-    threshold: float
-    bound: Bound
-
-    def __str__(self) -> str:
-        return f"{self.metric} = {metric(self.metric).relation(self.value, self.threshold)}"
-
+from conformance.metric_table import METRIC_NAMES, Breach, metric
 
 _HERE = Path(__file__).parent
 
