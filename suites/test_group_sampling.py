@@ -17,8 +17,8 @@ with n children each:
   so the test alarms on a sound engine with probability at most ``α``: the false-alarm rate is
   bounded, whatever the model (a peaked one, whose children coincide often, has large ``p(s)``
   and no alarm). The identical pairs and the number independent draws predict (``Σ C(n, 2)·q̂``,
-  ``q̂`` the mean ``p`` of a group's children, an unbiased estimate of its collision
-  probability ``Σ_s p(s)²``) are recorded;
+  ``q̂`` the mean backend probability ``q(s)`` of a group's children, not raised: an unbiased
+  estimate of its collision probability ``Σ_s q(s)²``) are recorded;
 - a seeded request repeats as a whole: every child's tokens again.
 """
 
@@ -64,13 +64,15 @@ def test_group_children_are_independent_draws(
     # log p(s) of each child's sequence, raised by what the profile lets engine and backend
     # differ per token (tempered, and twice: the normaliser moves too)
     per_token, _, _ = generated_rows(children, processed)
-    log_p = [sum(row) + slack * len(row) for row in per_token]
+    log_q = [sum(row) for row in per_token]
+    log_p = [q + slack * len(row) for q, row in zip(log_q, per_token, strict=True)]
     pairs = math.comb(CHILDREN, 2)
     log_tau = math.log(ALPHA / (PROMPTS * pairs))
     identical, improbable, expected, alarm = 0, 0, 0.0, ""
     for group in range(PROMPTS):
         members = range(group * CHILDREN, (group + 1) * CHILDREN)
-        expected += pairs * sum(math.exp(min(0.0, log_p[j])) for j in members) / CHILDREN
+        # the prediction from the backend's own probabilities (the slack is the alarm's margin)
+        expected += pairs * sum(math.exp(log_q[j]) for j in members) / CHILDREN
         for j in members:
             for k in range(j + 1, members.stop):
                 if children[j].tokens == children[k].tokens:
