@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal, Self, Union
 
 from conformance.errors import UsageError
-from conformance.metric_table import Bound, metric
+from conformance.metric_table import Bound, Breach
 
 SCHEMA = 1
 
@@ -112,11 +112,12 @@ class Violation(Record):
     bound: Bound
 
     def __str__(self) -> str:
-        return f"{self.metric} = {metric(self.metric).relation(self.value, self.threshold)}"
+        return str(Breach(self.metric, self.value, self.threshold, self.bound))
 
     @classmethod
     def of(cls, breach: Any) -> Violation:
-        """The record of a ``conformance.profiles.Breach`` (or anything with its four fields)."""
+        """The record of a ``conformance.metric_table.Breach`` (or anything with its four
+        fields)."""
         return cls(
             metric=breach.metric, value=breach.value, threshold=breach.threshold, bound=breach.bound
         )
