@@ -314,3 +314,46 @@ def test_bad_bin_edges_are_usage_errors(edges) -> None:
 def test_stack_ragged_rejects_a_2d_row() -> None:
     with pytest.raises(UsageError, match=r"row 1 has shape \(2, 2\)"):
         stack_ragged([torch.zeros(3), torch.zeros(2, 2)])
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.tuples(LOGPROB, st.floats(-0.5, 0.5)), min_size=2, max_size=40),
+    st.integers(0, 2**16),
+)
+def test_pcc_bootstrap_quantile_is_the_quantile_of_resampled_pools(pairs, seed) -> None:
+    """Against the definition: the same resamples of the valid tokens (one draw of ``draws``
+    pools of n indices, as the seed gives them), each pool's Pearson correlation of the
+    probabilities by numpy, zero variance read as ``mismatch_metrics`` reads it, and the
+    quantile interpolated linearly."""
+    train = torch.tensor([[lp for lp, _ in pairs]], dtype=torch.float64)
+    infer = train + torch.tensor([[d for _, d in pairs]], dtype=torch.float64)
+    mask = torch.ones_like(train, dtype=torch.bool)
+    got = metrics.pcc_bootstrap_quantile(train, infer, mask, draws=50, quantile=0.1, seed=seed)
+    n = len(pairs)
+    picked = torch.randint(n, (50, n), generator=torch.Generator().manual_seed(seed)).numpy()
+    x, y = train[0].exp().numpy(), infer[0].exp().numpy()
+    each = []
+    for row in picked:
+        xs, ys = x[row], y[row]
+        if xs.var() == 0 or ys.var() == 0:
+            each.append(float(xs.var() == ys.var() == 0 and (xs == ys).all()))
+        else:
+            each.append(float(np.clip(np.corrcoef(xs, ys)[0, 1], -1, 1)))
+    assert got == pytest.approx(float(np.quantile(each, 0.1)), abs=1e-9)
+
+
+def test_pcc_bootstrap_quantile_reads_low_where_a_few_tokens_hold_the_variance() -> None:
+    """Small π everywhere but at three tokens, each with a small relative error: the pool reads
+    near 1, and pools drawn from it without those three read far lower (the bound a calibration
+    sets from it must cover them)."""
+    generator = torch.Generator().manual_seed(0)
+    lp = math.log(1e-3) + torch.rand((1, 200), generator=generator).log()
+    lp[0, :3] = math.log(0.5)
+    noisy = lp + 0.05 * torch.randn(lp.shape, generator=generator)
+    mask = torch.ones_like(lp, dtype=torch.bool)
+    pool = mismatch_metrics(lp, noisy, mask)["pcc"]
+    low = metrics.pcc_bootstrap_quantile(lp, noisy, mask)
+    without = mismatch_metrics(lp[:, 3:], noisy[:, 3:], mask[:, 3:])["pcc"]
+    assert 1 - without > 10 * (1 - pool)
+    assert 1 - low > 10 * (1 - pool)

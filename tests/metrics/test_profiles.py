@@ -435,3 +435,17 @@ def test_calibration_measures_chat_text_where_the_model_has_a_chat_template() ->
     assert mixed[0] == [9, 10, 11, 7, 8, 9] and mixed[2] == [11, 7, 8, 9, 10, 11]
     assert mixed[6] == mixed[2] and mixed[8] == mixed[0] and mixed[1] == plain[1] != mixed[0]
     assert all(len(p) == 6 for p in mixed)
+
+
+def test_calibration_measures_batches_of_random_ids_alone_too() -> None:
+    """The suites' examples can be random ids alone, and on a trained model such a batch's pcc
+    strays furthest: the first sampling seed's batches mix chat text and runs in, the others'
+    rows are the random ids as drawn (but for the one-id rows both have)."""
+    from conformance.profiles.calibrate import _batch_prompts, _prompt
+
+    chat = [[7, 8, 9], [10, 11]]
+    rows = [list(range(20 + i, 26 + i)) for i in range(6)]
+    markers = [1, 2]
+    first, second = (_batch_prompts(rows, markers, chat, round_) for round_ in (0, 1))
+    assert first == [_prompt(i, row, markers, chat) for i, row in enumerate(rows)] != second
+    assert second[:4] == rows[:4] and second[4] == [1] * 6 and second[5] == rows[5]
