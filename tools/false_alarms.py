@@ -12,6 +12,13 @@ profile's margin), and this measures it. docs/sampler-fidelity.md holds the numb
 Run from the repository root (about 20 s a run on one CPU core):
 
     PYTHONPATH=. python tools/false_alarms.py --runs 20 --work /tmp/false-alarms
+
+On another model, under a profile of its own (one precision per profile), e.g. SmolLM2-135M
+(about 4 minutes a run):
+
+    tim-conformance calibrate --model smollm2 --out smol-fp32.toml
+    PYTHONPATH=. python tools/false_alarms.py --runs 5 --work /tmp/fa-smol --model smollm2 \
+        --dtype float32 --profile smol-fp32.toml
 """
 
 from __future__ import annotations
@@ -28,12 +35,16 @@ SUITES = ("suites/test_group_sampling.py", "suites/test_sampler_fidelity.py")
 PRECISIONS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
-def run_once(dtype: str, seed: int, out: Path) -> dict:
-    """One seeded run of the suites; its report.json."""
+def run_once(
+    dtype: str, seed: int, out: Path, model: Path | None = None, profile: str | None = None
+) -> dict:
+    """One seeded run of the suites (on ``model``, under ``profile``: by default the embedded
+    model under the profile its precision implies); its report.json."""
+    on = ["--tim-model", str(model)] if model else []
     if not (out / "report.json").is_file():  # reused: a rerun only adds seeds
         subprocess.run(
-            [sys.executable, "-m", "pytest", *SUITES, "--tim-engine-dtype", dtype,
-             "--tim-profile", PRECISIONS[dtype], f"--hypothesis-seed={seed}",
+            [sys.executable, "-m", "pytest", *SUITES, "--tim-engine-dtype", dtype, *on,
+             "--tim-profile", profile or PRECISIONS[dtype], f"--hypothesis-seed={seed}",
              "--tim-report", str(out), "-q", "-p", "no:cacheprovider"],
             capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
         )  # fmt: skip
@@ -68,7 +79,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20, help="seeds per precision")
     parser.add_argument("--work", type=Path, required=True, help="folder for the runs' reports")
     parser.add_argument("--dtype", action="append", choices=PRECISIONS, help="default: all")
+    parser.add_argument("--model", type=Path, help="model folder (default: the embedded one)")
+    parser.add_argument("--profile", help="the profile of the one --dtype given")
     args = parser.parse_args()
+    if args.profile and len(args.dtype or ()) != 1:
+        parser.error("--profile holds one precision's bounds: give exactly one --dtype")
     print(
         "| engine dtype (profile) | runs | group_sampling checks failed | identical child pairs "
         "(independent draws predict) | sampler_fidelity checks failed | sampled tokens audited "
@@ -77,11 +92,13 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for dtype in args.dtype or PRECISIONS:
         reports = [
-            run_once(dtype, seed, args.work / f"{dtype}-{seed}") for seed in range(args.runs)
+            run_once(dtype, seed, args.work / f"{dtype}-{seed}", args.model, args.profile)
+            for seed in range(args.runs)
         ]
         t = tally(reports)
+        profile = args.profile or PRECISIONS[dtype]
         print(
-            f"| {dtype} ({PRECISIONS[dtype]}) | {len(reports)} | {t['group_failed']:.0f} | "
+            f"| {dtype} ({profile}) | {len(reports)} | {t['group_failed']:.0f} | "
             f"{t['identical_pairs']:.0f} ({t['expected_pairs']:.1f}) | "
             f"{t['fidelity_failed']:.0f} | {t['support_tokens']:,.0f} | {t['outside']:.0f} |"
         )
