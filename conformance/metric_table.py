@@ -162,8 +162,9 @@ METRICS: tuple[Metric, ...] = (
            "less often than the test's false-alarm share (suites/test_group_sampling.py)",
            "tt-metal#53077", family="property"),
     Metric("sampler_p_value", 1.0, "min", "example",
-           "uniformity p-value of the sampled tokens' randomized PIT under the spec's "
-           "distribution (conformance.sampler_stats)", "tim-conformance", family="property"),
+           "p-value that the sampled tokens follow the spec's distribution: their randomized "
+           "PIT's uniformity and the top token's share (conformance.sampler_stats)",
+           "tim-conformance", family="property"),
     Metric("rollouts_changed_on_rerun", 0.0, "max", "example",
            "seeded rollouts whose tokens changed when the same request ran again (again, "
            "alone, or after a preemption)", "vllm#19940", family="property"),
@@ -253,10 +254,10 @@ def worst_metrics(metric_dicts: Iterable[Mapping[str, object]]) -> dict[str, flo
 
 
 #: sampler fidelity (``suites/test_sampler_fidelity.py``): the false alarms per certify run its
-#: uniformity tests may raise together on a sound engine; each of a run's tests is held to this
+#: fidelity tests may raise together on a sound engine; each of a run's tests is held to this
 #: share of it (Bonferroni), so a run alarms on a sound engine at most once in 1,000
 SAMPLER_FALSE_ALARMS_PER_RUN = 1e-3
-#: equal bins of the χ² half of the uniformity test (``conformance.sampler_stats``): ~100 tokens
+#: equal bins of the fidelity test's χ² (``conformance.sampler_stats``): ~100 tokens
 #: expected per bin at the suite's 2,048 tokens per test, so one bin's excess of 5 % of the
 #: tokens (a token the sampler should have cut) stands out
 SAMPLER_BINS = 20

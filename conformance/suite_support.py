@@ -98,6 +98,12 @@ def _prompt_batches(
     return token_batches(vocab_size, shape=shapes, special_ids=special_ids, chat_prompts=chat)
 
 
+def chat_prompts(model: Any) -> tuple[tuple[int, ...], ...]:
+    """The project's chat corpus rendered by ``model``'s chat template up to the assistant's
+    turn (:mod:`conformance.chat_prompts`); none where its tokenizer has no template."""
+    return _chat_prompts(str(model.path)) if getattr(model, "chat_template", False) else ()
+
+
 @functools.lru_cache(maxsize=4)
 def _chat_prompts(path: str) -> tuple[tuple[int, ...], ...]:
     """The corpus rendered by the chat template of the model in ``path``, once per model."""

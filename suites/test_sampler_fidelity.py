@@ -11,11 +11,14 @@ matters (``conformance.sampling``: the stated sampler, or the order the engine d
 the suite draws them together too, at temperatures below and above 1; every spec's tokens are
 also held to the support property with zero tolerance (``conformance.support_audit``).
 
-Each spec samples 32 rollouts of 64 tokens; at each sampled token the backend's whole processed
-distribution gives the randomized probability integral transform ``u``
-(:func:`conformance.sampler_stats.randomized_pit`), i.i.d. uniform for a faithful sampler, and
-KS and χ² test that (:func:`~conformance.sampler_stats.uniformity_pvalue`). Each test is held to
-its share of ``SAMPLER_FALSE_ALARMS_PER_RUN`` (``conformance.metric_table``).
+Each spec samples 32 rollouts of 64 tokens, after prompts of random ids and, where the model
+has a chat template, chat text as RL feeds it (a trained model answers that from peaked
+distributions); at each sampled token the backend's whole processed distribution gives the
+randomized probability integral transform ``u`` (:func:`conformance.sampler_stats.randomized_pit`),
+i.i.d. uniform for a faithful sampler, which KS and χ² test, and the most probable token's
+share of the draws is tested against what the distributions predict (where one token holds
+nearly all the mass, only that count moves): :func:`~conformance.sampler_stats.fidelity_pvalue`.
+Each test is held to its share of ``SAMPLER_FALSE_ALARMS_PER_RUN`` (``conformance.metric_table``).
 """
 
 import pytest
@@ -23,8 +26,9 @@ import torch
 
 from conformance.engines import SamplingSpec
 from conformance.metric_table import SAMPLER_BINS, SAMPLER_FALSE_ALARMS_PER_RUN, breach
-from conformance.sampler_stats import randomized_pit, uniformity_pvalue
+from conformance.sampler_stats import fidelity_pvalue, randomized_pit
 from conformance.sampling import truncate
+from conformance.suite_support import chat_prompts
 
 #: the sampler's dimensions, one at a time (a wrong one shows on its own), the default, and
 #: all of them together as RL samples, colder and hotter than 1: with k = 20 the renormalised
@@ -48,11 +52,16 @@ def test_sampled_tokens_follow_the_stated_distribution(
     sampling, engine, backend, model, recorder, tim
 ):
     generator = torch.Generator().manual_seed(tim.seed)
-    prompts = torch.randint(0, model.vocab_size, (PROMPTS, PROMPT_LEN), generator=generator)
+    drawn = torch.randint(0, model.vocab_size, (PROMPTS, PROMPT_LEN), generator=generator)
+    chat = chat_prompts(model)
+    prompts = [
+        list(chat[i // 2 % len(chat)]) if chat and i % 2 == 0 else row
+        for i, row in enumerate(drawn.tolist())
+    ]
     spec = SamplingSpec(max_new_tokens=NEW_TOKENS, seed=tim.seed % 2**31, **sampling)
-    recorder.case(prompts.tolist(), sampling=spec)
+    recorder.case(prompts, sampling=spec)
 
-    completions = engine.generate(prompts.tolist(), spec)
+    completions = engine.generate(prompts, spec)
     try:
         distributions = backend.next_token_logprobs(
             [c.sequence for c in completions], temperature=spec.temperature
@@ -71,12 +80,12 @@ def test_sampled_tokens_follow_the_stated_distribution(
     )
     tokens = torch.tensor([t for c in completions for t in c.tokens])
     u = randomized_pit(logp, tokens, torch.rand(tokens.numel(), generator=generator))
-    p_value = uniformity_pvalue(u, SAMPLER_BINS)
+    p_value = fidelity_pvalue(logp, tokens, u, SAMPLER_BINS)
     outside = int(torch.isinf(logp.gather(-1, tokens[:, None])).sum())
     recorder.note(sampler_p_value=p_value, sampler_tokens=float(tokens.numel()))
     if p_value < P_BOUND:
         recorder.fail(
-            f"sampled tokens do not follow the distribution the spec names: uniformity p-value "
+            f"sampled tokens do not follow the distribution the spec names: fidelity p-value "
             f"{p_value:.3g} < {P_BOUND:.3g} over {tokens.numel()} tokens (mean PIT "
             f"{float(u.mean()):.3f}, ideal 0.5, above it sampled too hot; {outside} tokens "
             "outside the spec's top-k/top-p) — check the temperature, top-k and top-p the "

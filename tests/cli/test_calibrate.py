@@ -75,12 +75,13 @@ def test_the_profile_names_what_it_was_measured_on(unseen, calibrated) -> None:
     assert fp32.provenance["command"].startswith(f"tim-conformance calibrate --model {unseen}")
 
 
-def test_a_sound_bf16_stack_passes_its_calibrated_profile(unseen, calibrated, tmp_path, cli_env):
-    """Every suite, in the precision whose rounding sets the bounds (fp32 stacks are certified
-    under their own profile on a trained model: tests/models/test_smollm2.py)."""
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sound_stacks_pass_their_calibrated_profile(
+    unseen, calibrated, dtype, tmp_path, cli_env
+) -> None:
     code, report, output = certify(
-        "--model", str(unseen), "--engine-dtype", "bfloat16",
-        "--profile", str(calibrated["bfloat16"]), env=cli_env, out=tmp_path / "run",
+        "--model", str(unseen), "--engine-dtype", dtype, "--profile", str(calibrated[dtype]),
+        env=cli_env, out=tmp_path / "run",
     )  # fmt: skip
     assert code == 0, output[-3000:]
     assert report["profile"]["provenance"]["models"][0]["path"] == str(unseen)

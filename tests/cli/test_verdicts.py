@@ -28,7 +28,7 @@ NAMED_CAUSES = (
     "generate() gave completion",
     "generate_requests() gave request",
     "than served alone",
-    "uniformity p-value",
+    "fidelity p-value",
     "not independent draws",
     "sampled other tokens",
 )
@@ -66,9 +66,9 @@ DEFECTS = [
     # rows in the wrong order have the wrong lengths: the shrunk case is a protocol violation
     ("ShuffledOrder", ["prefill_parity"], {"prefill_parity"}, "returned rows of"),
     # right raw log-probs, tokens sampled from another distribution
-    ("IgnoresTemperature", ["sampler_fidelity"], {"sampler_fidelity"}, "uniformity p-value"),
+    ("IgnoresTemperature", ["sampler_fidelity"], {"sampler_fidelity"}, "fidelity p-value"),
     # the support property, zero tolerance: sampled tokens the stated sampler cuts (a sampler
-    # keeping too many tokens is caught there before the uniformity test)
+    # keeping too many tokens is caught there before the fidelity test)
     ("IgnoresTopP", ["sampler_fidelity"], {"sampler_fidelity"}, OUTSIDE_SUPPORT),
     ("TopKOffByOne", ["sampler_fidelity"], {"sampler_fidelity"}, OUTSIDE_SUPPORT),
     ("JointTopKTopP", ["sampler_fidelity"], {"sampler_fidelity"}, OUTSIDE_SUPPORT),
