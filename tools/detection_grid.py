@@ -63,14 +63,14 @@ def violated(report: dict) -> list[str]:
     )
 
 
-def pooled(report: dict) -> tuple[float, float] | None:
-    """|Σ log ρ|/√n of rollout parity's pool and its bound."""
+def first_breach(report: dict) -> str:
+    """The failing check's first violation, as a report writes it (``k1: |0.01| > 0.0068``)."""
+    from conformance.metric_table import metric
+
     for check in report["checks"]:
-        value = check["metrics"].get("log_ratio_sum_per_sqrt_tokens")
-        bound = check.get("thresholds", {}).get("log_ratio_sum_per_sqrt_tokens")
-        if value is not None and bound is not None:
-            return value, bound
-    return None
+        for v in check.get("violations", []) if check["status"] == "fail" else []:
+            return f"{v['metric']}: {metric(v['metric']).relation(v['value'], v['threshold'])}"
+    return ""
 
 
 def main() -> None:
@@ -97,10 +97,8 @@ def main() -> None:
                 broke = violated(report)
                 rc = {"pass": 0, "fail": 1}.get(report["verdict"], 2)
                 print(f"{name} rc={rc} violated={';'.join(broke) or '-'}", flush=True)
-                read = pooled(report)
                 if broke and caught[kind] is None:
-                    said = f" ({read[0]:.3g} against {read[1]:.2g})" if read else ""
-                    caught[kind] = (value, said)
+                    caught[kind] = (value, f" ({first_breach(report)})")
         rows.append((dtype, caught))
     print("\n| engine precision | smallest bias δ detected | smallest noise σ detected |")
     print("|---|---|---|")
