@@ -10,7 +10,8 @@ on pools of at most 20,448). A
 ``[suites.NAME]`` table replaces the bounds it names for the suite ``NAME`` alone: the
 weight-sync suite scores the model holding new weights, which drifts more than the model
 itself, and widening every suite's bounds to cover it cost the other suites their power to see
-a small bias (a calibrated bf16 k1 bound 0.012 → 0.018). ``min_pooled_tokens`` is the fewest tokens
+a small bias (a calibrated bf16 k1 bound 0.012 → 0.018); ``inf`` (``-inf`` for a lower bound)
+there lifts a base bound for that suite. ``min_pooled_tokens`` is the fewest tokens
 a pooled bound (an average, spread or correlation) is judged on: a calibrated profile sets it to
 the smallest pool its bounds were measured on; a mean over fewer tokens strays further from its
 ideal than the calibration saw (one token's log-ratio is its own mean), so such a pool is
@@ -57,7 +58,9 @@ class Profile:
         """The bounds ``suite``'s pool of ``tokens`` tokens is held to: the base ones with the
         suite's own table replacing them, the pool-scaled ones grown past
         ``max_pooled_tokens``."""
-        bounds = self.thresholds | self.suites.get(suite or "", {})
+        merged = self.thresholds | self.suites.get(suite or "", {})
+        # ±inf in a suite's table lifts the base bound for that suite
+        bounds = {name: value for name, value in merged.items() if math.isfinite(value)}
         if tokens and self.max_pooled_tokens and tokens > self.max_pooled_tokens:
             grow = math.sqrt(tokens / self.max_pooled_tokens)
             for name, threshold in bounds.items():

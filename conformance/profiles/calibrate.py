@@ -77,8 +77,16 @@ FIRST_PROMPT_ID = 3
 #: rollout suites' pool-scaled bounds at the base ones too, 6 measures chat text on a model with
 #: a chat template (``CHAT_EVERY``; a model without one measures what 5 did), 7 measures the
 #: batches of every sampling seed but the first on random ids alone (``_batch_prompts``) and
-#: bounds pcc by its bootstrap low quantile (``_metrics``)
-METHOD = 7
+#: bounds pcc by its bootstrap low quantile (``_metrics``), 8 leaves the ``exp_scale`` metrics
+#: unbounded where a measured token's |log ρ| passes ``EXP_SCALE_RANGE``
+METHOD = 8
+#: nats: past this measured max |log ρ|, ρ's moments are no reading of the log-ratio's
+#: (ρ − 1 ≈ log ρ within 1 nat: e¹ = 2.7 against 2) but of the one largest token's e^{nats},
+#: which a bigger pool or another kernel on the same inputs outgrows by orders of magnitude. The
+#: weight-sync suite's perturbed SmolLM2-135M models reach 23 nats in bf16 (the reference stack
+#: against itself), and vLLM's bf16 kernels on them read max ρ 2.3e7 against a bound of 3e6
+#: while every log-scale metric stayed within its own; the log-scale metrics bound them instead
+EXP_SCALE_RANGE = 1.0
 #: where routes flip, metric → the per-token metric whose bound its bound is at least: a
 #: sequence's |Σ log ρ|/√T is its one token's |Δlp| when T = 1, and the suites draw rollouts
 #: from one token, so one flipped token as far off as max |Δlp| allows may set it alone (a
@@ -452,12 +460,17 @@ def render_profile(plan: Plan, measured: dict[str, Measurements], origin: dict[s
     )
     flips = max(every.get("route_flip_tokens", Measured([0.0])).values) > 0
     base = _bounds(plan, own, flips)
+    why = (
+        "routes flip, and one flipped token moves it"
+        if flips
+        else f"a token's |log ρ| passed {EXP_SCALE_RANGE:g} nat, and one such token moves it"
+    )
     for name, (value, note) in base.items():
         if value is None:
-            # a calibration bounds what it saw; a flipped token's e^{nats} it cannot
+            # a calibration bounds what it saw; one token's e^{nats} it cannot
             lines.append(
-                f"# {name} not bounded: routes flip, and one flipped token moves it by "
-                f"orders of magnitude or across [0, 1] ({note.split('; ')[-1]})"
+                f"# {name} not bounded: {why} by orders of magnitude or across [0, 1] "
+                f"({note.split('; ')[-1]})"
             )
         else:
             lines.append(f"{name} = {value!r}  # {note}")
@@ -492,7 +505,7 @@ def render_profile(plan: Plan, measured: dict[str, Measurements], origin: dict[s
             "suite alone.",
             f"[suites.{SYNC_SUITE}]",
             *(
-                f"{name} = {value!r}  # {note}"
+                f"{name} = {value!r}  # {_sync_note(value, note)}"
                 for name, (value, note) in _differing(_bounds(plan, every, flips), base).items()
             ),
         ]
@@ -515,17 +528,33 @@ def _merged(*parts: Measurements) -> Measurements:
 def _differing(
     bounds: dict[str, tuple[float | None, str]], base: dict[str, tuple[float | None, str]]
 ) -> dict[str, tuple[float | None, str]]:
-    """The bounds that differ from ``base``'s (a metric left unbounded stays unbounded)."""
+    """The bounds that differ from ``base``'s; a metric ``bounds`` leaves unbounded where
+    ``base`` bounds it is written unbounded (±inf), so that the table lifts it."""
     return {
-        name: bound
-        for name, bound in bounds.items()
-        if bound[0] is not None and name in base and bound[0] != base[name][0]
+        name: (_unbounded(name), note) if value is None else (value, note)
+        for name, (value, note) in bounds.items()
+        if name in base and value != base[name][0] and base[name][0] is not None
     }
 
 
+def _sync_note(value: float, note: str) -> str:
+    if math.isinf(value):
+        return (
+            f"not bounded: a token's |log ρ| passed {EXP_SCALE_RANGE:g} nat on the models "
+            f"holding the new weights ({note.split('; ')[-1]})"
+        )
+    return note
+
+
+def _unbounded(name: str) -> float:
+    """The threshold no value of ``name`` breaches: −inf under a lower bound, inf otherwise."""
+    return -math.inf if metric(name).bound == "min" else math.inf
+
+
 def _bounds(plan: Plan, measured: Measurements, flips: bool) -> dict[str, tuple[float | None, str]]:
-    """Each bounded metric's threshold and note; where routes flip, ``None`` for the
-    ``exp_scale`` metrics and the ``FLIP_FLOORS`` raised to their per-token bound."""
+    """Each bounded metric's threshold and note; ``None`` for the ``exp_scale`` metrics where
+    routes flip or a token's |log ρ| passed ``EXP_SCALE_RANGE``, and where routes flip the
+    ``FLIP_FLOORS`` raised to their per-token bound."""
     bounds = {
         fact.name: threshold(fact, measured[fact.name], plan)
         for fact in METRICS
@@ -538,8 +567,12 @@ def _bounds(plan: Plan, measured: Measurements, flips: bool) -> dict[str, tuple[
                 f"{per_token}'s: routes flip, and one flipped token alone sets a one-token "
                 f"rollout's ({bounds[name][1]})",
             )
+    tails = (
+        "abs_diff_max" in measured
+        and measured["abs_diff_max"].worst(metric("abs_diff_max")) > EXP_SCALE_RANGE
+    )
     return {
-        name: (None if flips and metric(name).exp_scale else value, note)
+        name: (None if (flips or tails) and metric(name).exp_scale else value, note)
         for name, (value, note) in bounds.items()
     }
 

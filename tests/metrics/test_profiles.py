@@ -287,7 +287,10 @@ def test_calibration_fp32_passes_fp32_and_bf16_fails_it(default_model) -> None:
 
 
 def _calibrated(
-    tmp_path, engine_dtype: str = "bfloat16", scored: dict[str, float] | None = None
+    tmp_path,
+    engine_dtype: str = "bfloat16",
+    scored: dict[str, float] | None = None,
+    synced: dict[str, float] | None = None,
 ) -> tuple[Path, dict]:
     """A profile rendered from made-up measurements, as ``calibrate`` writes it: every kind
     within 1e-3 of every ideal, but the scored sequences 0.01 off on k1 (and at ``scored``'s
@@ -307,6 +310,7 @@ def _calibrated(
     measured["scored"]["k1"] = Measured([0.01])
     measured["scored"].update({name: Measured([v]) for name, v in (scored or {}).items()})
     measured["synced"]["k1"] = Measured([0.1])
+    measured["synced"].update({name: Measured([v]) for name, v in (synced or {}).items()})
     origin = {
         "command": 'tim-conformance calibrate --model "/my models/x" --out p.toml',
         "created": "2026-11-25T12:00:00",
@@ -340,6 +344,37 @@ def test_a_calibrated_profile_loads_with_its_provenance(tmp_path) -> None:
     assert profile.bounds("rollout_parity")["k1"] <= 3e-3
     assert profile.bounds("weight_sync")["k1"] == pytest.approx(0.3)
     assert profile.bounds("weight_sync")["abs_diff_max"] <= 3e-3
+
+
+@pytest.mark.parametrize("where", ["synced", "scored"])
+def test_past_one_nat_the_exp_scale_metrics_are_not_bounded(tmp_path, where: str) -> None:
+    """Past ``EXP_SCALE_RANGE`` a measured ρ-moment is one token's e^{nats}, which another
+    kernel or a bigger pool outgrows (vLLM's bf16 kernels read max ρ 2.3e7 against 3e6 on the
+    weight-sync suite's perturbed SmolLM2 models): where a measured token's |log ρ| passed it,
+    the ``exp_scale`` metrics are left unbounded (lifted by ±inf in the weight-sync suite's
+    table when only its models passed it) and the log-scale ones still bound the pool."""
+    from conformance.profiles.calibrate import EXP_SCALE_RANGE
+
+    path, _ = _calibrated(tmp_path)
+    text = path.read_text()
+    big = {"abs_diff_max": 2 * EXP_SCALE_RANGE, "rho_max": 20.0, "k3": 5.0}
+    if where == "synced":
+        path, _ = _calibrated(tmp_path, synced=big)
+    else:
+        path, _ = _calibrated(tmp_path, scored=big)
+    profile = load_profile(path)
+    exp_scale = {m.name for m in METRICS if m.exp_scale}
+    sync = profile.bounds("weight_sync")
+    assert not exp_scale & set(sync) and sync["abs_diff_max"] == pytest.approx(6.0)
+    assert not profile.check({"rho_max": 1e7, "rho_min": 1e-9, "k3": 1e6}, suite="weight_sync")
+    assert profile.check({"abs_diff_max": 7.0}, suite="weight_sync")
+    if where == "synced":
+        # the models themselves stayed within a nat: their bounds keep every metric
+        assert exp_scale <= set(profile.thresholds) and "= inf" in path.read_text()
+        assert profile.check({"rho_max": 1e7}, suite="rollout_parity")
+    else:
+        assert not exp_scale & set(profile.thresholds) and "not bounded" in path.read_text()
+    assert "= inf" not in text
 
 
 @pytest.mark.parametrize("flipped", [0.0, 0.01])

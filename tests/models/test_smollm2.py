@@ -4,9 +4,8 @@ distributions are peaked and its rollouts stop at EOS, unlike the embedded rando
 stacks must stay CERTIFIED on it and the broken test engines must not.
 
 Runs in ``tox -e smollm2`` (hf-generate; CI leaves out the ``beyond_ci`` cases, which its two
-cores do not hold beside the other envs) and, for the ``vllm`` marked case, in ``tox -e vllm --
-tests/models/test_smollm2.py -m "smollm2 and vllm"``, which install the package; elsewhere it is
-deselected by its marker."""
+cores do not hold beside the other envs) and, for the ``vllm`` marked case, in ``tox -e vllm``,
+which install the package; elsewhere it is deselected by its marker."""
 
 from __future__ import annotations
 
@@ -75,16 +74,25 @@ def test_the_conversion_keeps_the_trained_weights(smollm2: Path) -> None:
 
 
 #: engine, precision, the suites certified (None: every suite, a certificate of the stack). CI's
-#: two cores hold one full certify of this 30-layer model; the bf16 engine and vLLM are held to
-#: the suites their numerics and sampling paths reach. vLLM's engine-knobs suite is left out: its
-#: compiled-path variant moves fp32 log-probs past this CI-shaped own profile (docs/smollm2.md)
+#: two cores hold one full certify of this 30-layer model; the bf16 engines are held to the
+#: suites their numerics and sampling paths reach: vLLM's to those of an RL rollout engine
+#: (parity, n-way groups, mixed batches, preemption, weight sync). Its engine-knobs suite is
+#: left out: the compiled path's max |Δ log p| passes this CI-shaped own profile's bound
+#: (docs/smollm2.md)
 SOUND = [
     pytest.param("hf-generate", "float32", None, marks=pytest.mark.beyond_ci),
     ("hf-generate", "bfloat16", ("rollout_parity", "decode_vs_prefill", "weight_sync")),
     pytest.param(
         "vllm",
-        "float32",
-        ("rollout_parity", "prefill_parity", "group_sampling", "weight_sync"),
+        "bfloat16",
+        (
+            "rollout_parity",
+            "prefill_parity",
+            "group_sampling",
+            "mixed_requests",
+            "preemption",
+            "weight_sync",
+        ),
         marks=pytest.mark.vllm,
     ),
 ]
@@ -114,7 +122,13 @@ def test_a_sound_stack_is_certified(
     assert "warning: profile" not in output
     certificate = json.loads((tmp_path / "certificate.json").read_text())
     assert certificate["certified"] is (suites is None) and certificate["profile"]["provenance"]
-    measured = [c for c in report["checks"] if c["status"] == "pass" and c["reached"]]
+    # every drawn property stays within the run shape and reaches it; preemption's one batch is
+    # sized by the KV blocks it must overflow, not drawn (suites/test_preemption.py)
+    measured = [
+        c
+        for c in report["checks"]
+        if c["status"] == "pass" and c["reached"] and c["suite"] != "preemption"
+    ]
     assert measured and all(c["reached"]["prompt_len"] <= 48 for c in measured)
     assert any(c["reached"].get("new_tokens") == 24 for c in measured)
 
