@@ -482,5 +482,20 @@ def test_calibration_measures_batches_of_random_ids_alone_too() -> None:
     rows = [list(range(20 + i, 26 + i)) for i in range(6)]
     markers = [1, 2]
     first, second = (_batch_prompts(rows, markers, chat, round_) for round_ in (0, 1))
-    assert first == [_prompt(i, row, markers, chat) for i, row in enumerate(rows)] != second
-    assert second[:4] == rows[:4] and second[4] == [1] * 6 and second[5] == rows[5]
+    full = [_prompt(i, row, markers, chat) for i, row in enumerate(rows)]
+    assert first[:3] == full[:3] and first[4:] == full[4:] and first != second
+    assert second[:3] == rows[:3] and second[4] == [1] * 6 and second[5] == rows[5]
+
+
+def test_calibration_measures_rollouts_from_the_shortest_prompts_too() -> None:
+    """The suites draw prompts from one token up (Hypothesis tries the shortest first), and
+    the tokens decoded right after the first positions are the furthest off in low precision:
+    every ``SHORT_EVERY``-th prompt of a batch is cut to 1, then 2 tokens."""
+    from conformance.profiles.calibrate import SHORT_EVERY, SHORT_LENGTHS, _batch_prompts
+
+    rows = [list(range(20 + i, 84 + i)) for i in range(4 * SHORT_EVERY)]
+    for round_ in (0, 1):
+        lengths = [len(p) for p in _batch_prompts(rows, [1, 2], [[7, 8, 9]], round_)]
+        short = [n for i, n in enumerate(lengths) if i % SHORT_EVERY == SHORT_EVERY - 1]
+        assert short == [*SHORT_LENGTHS, *SHORT_LENGTHS]
+        assert {n for i, n in enumerate(lengths) if i % SHORT_EVERY != SHORT_EVERY - 1} == {64}
