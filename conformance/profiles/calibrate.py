@@ -88,6 +88,8 @@ METHOD = 8
 #: against itself), and vLLM's bf16 kernels on them read max ρ 2.3e7 against a bound of 3e6
 #: while every log-scale metric stayed within its own; the log-scale metrics bound them instead
 EXP_SCALE_RANGE = 1.0
+#: why a profile leaves the ``exp_scale`` metrics unbounded past ``EXP_SCALE_RANGE``
+_PAST_RANGE = f"a token's |log ρ| passed {EXP_SCALE_RANGE:g} nat"
 #: where routes flip, metric → the per-token metric whose bound its bound is at least: a
 #: sequence's |Σ log ρ|/√T is its one token's |Δlp| when T = 1, and the suites draw rollouts
 #: from one token, so one flipped token as far off as max |Δlp| allows may set it alone (a
@@ -486,7 +488,7 @@ def render_profile(plan: Plan, measured: dict[str, Measurements], origin: dict[s
     why = (
         "routes flip, and one flipped token moves it"
         if flips
-        else f"a token's |log ρ| passed {EXP_SCALE_RANGE:g} nat, and one such token moves it"
+        else f"{_PAST_RANGE}, and one such token moves it"
     )
     for name, (value, note) in base.items():
         if value is None:
@@ -563,8 +565,8 @@ def _differing(
 def _sync_note(value: float, note: str) -> str:
     if math.isinf(value):
         return (
-            f"not bounded: a token's |log ρ| passed {EXP_SCALE_RANGE:g} nat on the models "
-            f"holding the new weights ({note.split('; ')[-1]})"
+            f"not bounded: {_PAST_RANGE} on the models holding the new weights "
+            f"({note.split('; ')[-1]})"
         )
     return note
 
