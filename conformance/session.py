@@ -214,7 +214,8 @@ class HarnessSession:
                     f"engine {engine.name!r} {method}() gave {first} outside the stated "
                     f"sampler's support ({found.outside} of {found.tokens} sampled tokens; "
                     f"temperature {spec.temperature:g}, top_k {spec.top_k}, top_p "
-                    f"{spec.top_p:g}, {engine.SAMPLER_ORDER.value}): its processed probability "
+                    f"{spec.top_p:g}{f', min_p {spec.min_p:g}' if spec.min_p else ''}, "
+                    f"{engine.SAMPLER_ORDER.value}): its processed probability "
                     "is 0, so a trainer recomputing it gets -inf — check the order and masking "
                     "of the engine's sampler (or declare its order as Engine.SAMPLER_ORDER) "
                     f"[{outside}]",

@@ -4,7 +4,7 @@ stated sampler's support (zero tolerance).
 A token the sampler should have cut has processed probability 0: a trainer that recomputes
 the processed distribution gets −inf and an infinite importance ratio (a masking race in a
 fused sampler, transformers#23088; top-k/top-p composed in another order, sglang#36173). The
-session runs :func:`audit_rollouts` on each batch an engine samples with top-k or top-p on,
+session runs :func:`audit_rollouts` on each batch an engine samples with min-p, top-k or top-p on,
 while engine and backend hold the same weights, against the backend's tempered distribution
 (:func:`conformance.sampling.outside_support`); the running check counts the tokens audited and
 those outside (``support_tokens``, ``out_of_support_tokens``) and fails on the first outside.
@@ -37,9 +37,10 @@ class SupportAudit:
 
 
 def truncates(spec: SamplingSpec) -> bool:
-    """Whether ``spec`` cuts the distribution (top-k or top-p on); without, every token with a
-    finite raw log-probability is in the support and the nonfinite count covers the rest."""
-    return bool(spec.top_k) or spec.top_p < 1.0
+    """Whether ``spec`` cuts the distribution (min-p, top-k or top-p on); without, every token
+    with a finite raw log-probability is in the support and the nonfinite count covers the
+    rest."""
+    return bool(spec.top_k) or spec.top_p < 1.0 or spec.min_p > 0
 
 
 def sampled_batches(
@@ -132,6 +133,7 @@ def _audit(
         temperature=spec.temperature,
         top_k=spec.top_k,
         top_p=spec.top_p,
+        min_p=spec.min_p,
         order=order,
         margin=margin,
     )

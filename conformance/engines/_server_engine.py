@@ -60,6 +60,7 @@ class ServerEngine(Engine):
                 )
             self.options: dict[str, Any] = {}
             self.parallel = None  # an attached server is split as its owner chose, unknown here
+            self.KV_BUDGET_OPTION = None  # and its KV memory is the owner's to bound
             self.url = url.rstrip("/")
             self.served = self._get(self.describe_path)
             return
@@ -106,10 +107,11 @@ class ServerEngine(Engine):
         """Variables added to the server's environment; ``root`` is its private folder."""
 
     # -- HTTP ---------------------------------------------------------------------------------
-    def _get(self, path: str) -> Any:
+    def _get(self, path: str, read: Callable[[Any], Any] = json.load) -> Any:
+        """``read`` of the server's answer to ``GET path`` (its JSON by default)."""
         try:
             with urllib.request.urlopen(self.url + path, timeout=10) as reply:
-                return json.load(reply)
+                return read(reply)
         except (OSError, http.client.HTTPException, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             fix = (

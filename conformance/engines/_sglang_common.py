@@ -20,6 +20,7 @@ import importlib.metadata
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -282,6 +283,7 @@ def sampling_params(spec: SamplingSpec, *, tokenizer: bool) -> dict[str, Any]:
         "top_p": spec.top_p,
         # SGLang spells "off" as -1
         "top_k": spec.top_k or -1,
+        "min_p": spec.min_p,
         "ignore_eos": spec.ignore_eos,
         "stop_token_ids": list(spec.stop_token_ids),
         **({"stop": list(spec.stop)} if spec.stop else {}),
@@ -380,12 +382,24 @@ def mixed_request(requests: Sequence[Request], options: Mapping[str, Any]) -> di
     }
 
 
-def retractions(replies: Sequence[Mapping[str, Any]]) -> int | None:
-    """How many times SGLang retracted these requests (freed their KV cache when it ran out, to
-    recompute them later): the sum of their ``meta_info["num_retractions"]`` (0.5.22–0.5.23);
-    None where a reply lacks it."""
-    counts = [reply.get("meta_info", {}).get("num_retractions") for reply in replies]
-    return None if any(c is None for c in counts) else int(sum(counts))
+class Retractions:
+    """How many times SGLang retracted the requests whose replies it was shown (freed their KV
+    cache when it ran out, to recompute them later): the sum of the replies'
+    ``meta_info["num_retractions"]`` (0.5.22–0.5.23), or None once a reply lacked it. Replies
+    may come from several threads (a server's requests in flight)."""
+
+    def __init__(self) -> None:
+        self.count: int | None = 0
+        self._lock = threading.Lock()
+
+    def add(self, replies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``replies``, their retractions counted."""
+        counts = [reply.get("meta_info", {}).get("num_retractions") for reply in replies]
+        with self._lock:
+            if self.count is not None:
+                missing = any(c is None for c in counts)
+                self.count = None if missing else self.count + int(sum(counts))
+        return replies
 
 
 def scores(sequences: TokenBatch, replies: Sequence[Mapping[str, Any]]) -> list[list[float]]:

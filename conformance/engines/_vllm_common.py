@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -165,6 +166,15 @@ def kv_budget_args(options: Mapping[str, Any]) -> dict[str, Any]:
     blocks = -(-tokens // block)
     context = min(options.get("max_model_len") or blocks * block, blocks * block)
     return {"num_gpu_blocks_override": blocks + 1, "max_model_len": context}
+
+
+def exposed_preemptions(exposition: str) -> int | None:
+    """The requests preempted so far, from a server's ``GET /metrics`` text: Prometheus'
+    exposition of the :data:`PREEMPTIONS_METRIC` counter, ``vllm:num_preemptions_total`` (one
+    sample per engine index); None where the server exposes none (log stats off)."""
+    pattern = re.compile(rf"^{re.escape(PREEMPTIONS_METRIC)}_total(?:{{.*}})?\s+(\S+)")
+    values = [float(m[1]) for line in exposition.splitlines() if (m := pattern.match(line))]
+    return int(sum(values)) if values else None
 
 
 def count_preemptions(metrics: Sequence[Any]) -> int:

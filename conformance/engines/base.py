@@ -37,7 +37,8 @@ class LogprobKind(enum.StrEnum):
 
 @dataclass(frozen=True)
 class SamplingSpec:
-    """How to sample. ``top_k = 0`` and ``top_p = 1.0`` mean "off".
+    """How to sample. ``top_k = 0``, ``top_p = 1.0`` and ``min_p = 0.0`` mean "off"; how they
+    compose is ``conformance.sampling``'s stated sampler (or the engine's ``SAMPLER_ORDER``).
 
     ``n`` samples per prompt (a GRPO group from one request, as vLLM's ``SamplingParams.n``,
     SGLang's ``n`` and transformers' ``num_return_sequences`` fork it): ``generate`` returns
@@ -55,6 +56,9 @@ class SamplingSpec:
     top_p: float = 1.0
     top_k: int = 0
     seed: int = 0
+    #: keep only tokens at least ``min_p`` times as likely as the most likely one; engines that
+    #: do not declare ``MIN_P`` are only ever given 0
+    min_p: float = 0.0
     #: fixed-length rollouts: nothing ends a rollout before ``max_new_tokens``
     ignore_eos: bool = True
     #: ids besides the model's EOS that end a rollout (RL stacks list several, EOS among them)
@@ -80,6 +84,8 @@ class SamplingSpec:
             raise UsageError(f"top_p={self.top_p}", "use 0 < top_p <= 1")
         if self.top_k < 0:
             raise UsageError(f"top_k={self.top_k}", "use top_k >= 0 (0 = off)")
+        if not 0 <= self.min_p <= 1:
+            raise UsageError(f"min_p={self.min_p}", "use 0 <= min_p <= 1 (0 = off)")
         if self.ignore_eos and (self.stop_token_ids or self.stop):
             raise UsageError(
                 "stop_token_ids/stop given with ignore_eos=True (rollouts that never stop)",
@@ -97,6 +103,7 @@ class SamplingSpec:
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,
+            "min_p": self.min_p,
             "seed": self.seed,
             "ignore_eos": self.ignore_eos,
             "stop_token_ids": list(self.stop_token_ids),
@@ -224,9 +231,12 @@ class Engine(ABC):
     #: repeated n times instead (``conformance.suite_support.sample_groups``)
     PARALLEL_SAMPLING: ClassVar[bool] = False
     #: how the engine's sampler composes top-k and top-p (``conformance.sampling``): an engine
-    #: that does not follow the stated sampler (top-k, then top-p over the renormalised rest)
-    #: declares its own order here, and its sampled tokens are held to that
+    #: that does not follow the stated sampler (min-p, then top-k, then top-p over the
+    #: renormalised rest) declares its own order here, and its sampled tokens are held to that
     SAMPLER_ORDER: ClassVar[SamplerOrder] = STATED_ORDER
+    #: whether ``generate`` applies ``SamplingSpec.min_p``; the suites give ``min_p > 0`` only to
+    #: an engine that declares it (the sampler-fidelity suite's min-p spec skips otherwise)
+    MIN_P: ClassVar[bool] = False
     #: the ``--engine-option`` that bounds the engine's KV cache, its value a number of tokens
     #: (the adapter turns it into the engine's own setting: vLLM's block count, SGLang's
     #: ``max_total_tokens``). The preemption suite starts a variant whose budget is smaller than

@@ -20,6 +20,7 @@ from conformance.engines.base import (
 from conformance.errors import UsageError
 from conformance.hf_model import TRANSFORMERS_RELEASES, device, gather_logprobs, load_causal_lm
 from conformance.routing import tapped
+from conformance.sampling import SamplerOrder
 
 
 class HFGenerateEngine(Engine):
@@ -27,6 +28,9 @@ class HFGenerateEngine(Engine):
     RELEASES = TRANSFORMERS_RELEASES
     NO_ROUTES = None
     PARALLEL_SAMPLING = True
+    MIN_P = True
+    #: generate's warpers put ``MinPLogitsWarper`` after top-k and top-p
+    SAMPLER_ORDER = SamplerOrder.MIN_P_LAST
     #: option → default (strings, as ``--engine-option`` gives them); subclasses add theirs
     OPTIONS: ClassVar[Mapping[str, str]] = {"attn_implementation": "sdpa"}
 
@@ -77,6 +81,7 @@ class HFGenerateEngine(Engine):
             top_p=spec.top_p,
             # 0 disables top-k; None would fall back to generate's default of 50
             top_k=spec.top_k,
+            min_p=spec.min_p or None,
             # the stop ids end a row; generate keeps the token that ended it, then pads the
             # row. Never None: generate fills None from the model's generation_config.json
             # and stopped rows at EOS under ignore_eos, reporting the pads as sampled tokens

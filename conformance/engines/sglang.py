@@ -34,6 +34,7 @@ class SGLangEngine(Engine):
     PARALLEL_SAMPLING = True
     MIXED_REQUESTS = True
     SAMPLER_ORDER = common.SAMPLER_ORDER
+    MIN_P = True
     KV_BUDGET_OPTION = common.KV_BUDGET_OPTION
     KV_BUDGET_REQUIRES = common.KV_BUDGET_REQUIRES
 
@@ -44,8 +45,7 @@ class SGLangEngine(Engine):
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
         self._engine: Any = None
-        #: retractions counted from the replies so far (None once a reply lacked the count)
-        self._retractions: int | None = 0
+        self._retractions = common.Retractions()
         parsed = common.parse_options(self.name, config.options, extra={})
         if common.sglang_version() is None:
             raise EngineUnavailable("sglang is not installed", common.INSTALL_HINT)
@@ -78,39 +78,31 @@ class SGLangEngine(Engine):
         ]
 
     def _run(self, request: dict[str, Any]) -> list[dict[str, Any]]:
-        return self._engine.generate(**request)
+        """The engine's replies to ``request``, their retractions counted."""
+        return self._retractions.add(self._engine.generate(**request))
 
     def generate(
         self, prompts: TokenBatch, spec: SamplingSpec, *, top_logprobs: int = 0
     ) -> list[Completion]:
         request = common.generate_request(prompts, spec, top_logprobs, self.options)
-        replies = self._counted(self._run(request))
+        replies = self._run(request)
         return common.completions(prompts, replies, top_logprobs, spec.n)
-
-    def _counted(self, replies: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """``replies``, their retractions added to this engine's count."""
-        counted = common.retractions(replies)
-        if counted is None or self._retractions is None:
-            self._retractions = None
-        else:
-            self._retractions += counted
-        return replies
 
     def preemptions(self) -> int | None:
         """Requests SGLang retracted in this engine's calls (their replies' counts)."""
-        return self._retractions
+        return self._retractions.count
 
     def generate_requests(self, requests: Sequence[Request]) -> list[Completion]:
         # one Engine.generate call, per-request lists of sampling params and top-logprob counts:
         # SGLang's scheduler batches the requests together
-        replies = self._counted(self._run(common.mixed_request(requests, self.options)))
+        replies = self._run(common.mixed_request(requests, self.options))
         return [
             common.completion(r.prompt, reply, r.top_logprobs)
             for r, reply in zip(requests, replies, strict=True)
         ]
 
     def score(self, sequences: TokenBatch) -> list[list[float]]:
-        return common.scores(sequences, self._counted(self._run(common.score_request(sequences))))
+        return common.scores(sequences, self._run(common.score_request(sequences)))
 
     def load_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Copy a transformers-named state dict into the running model (RL weight sync).

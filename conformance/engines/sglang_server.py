@@ -19,7 +19,7 @@ from typing import Any
 from conformance.engines import _sglang_common as common
 from conformance.engines._server_engine import ServerEngine
 from conformance.engines._server_process import command_flags
-from conformance.engines.base import Completion, Request, SamplingSpec, TokenBatch
+from conformance.engines.base import Completion, EngineConfig, Request, SamplingSpec, TokenBatch
 from conformance.env import SGLANG_START_TIMEOUT
 from conformance.errors import EngineUnavailable
 
@@ -35,6 +35,9 @@ class SGLangServerEngine(ServerEngine):
     PARALLEL_SAMPLING = True
     MIXED_REQUESTS = True
     SAMPLER_ORDER = common.SAMPLER_ORDER
+    MIN_P = True
+    KV_BUDGET_OPTION = common.KV_BUDGET_OPTION
+    KV_BUDGET_REQUIRES = common.KV_BUDGET_REQUIRES
     label = "SGLang server"
     launch_hint = "python -m sglang.launch_server"
     start_timeout = SGLANG_START_TIMEOUT
@@ -42,6 +45,10 @@ class SGLangServerEngine(ServerEngine):
     #: set for a server the harness starts (an attached one is the user's)
     _env: Mapping[str, str] = {}
     _standin: str | None = None
+
+    def __init__(self, config: EngineConfig) -> None:
+        self._retractions = common.Retractions()
+        super().__init__(config)
 
     @classmethod
     def parse_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -69,12 +76,16 @@ class SGLangServerEngine(ServerEngine):
     def environment(self, root: str) -> dict[str, str]:
         return self._env
 
+    def _generate(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """The server's replies to one ``POST /generate``, their retractions counted."""
+        return self._retractions.add(self.post("/generate", body))
+
     # -- the Engine protocol ---------------------------------------------------------------
     def generate(
         self, prompts: TokenBatch, spec: SamplingSpec, *, top_logprobs: int = 0
     ) -> list[Completion]:
         request = common.generate_request(prompts, spec, top_logprobs, self.options)
-        replies = self.post("/generate", request)
+        replies = self._generate(request)
         return common.completions(prompts, replies, top_logprobs, spec.n)
 
     def generate_requests(self, requests: Sequence[Request]) -> list[Completion]:
@@ -83,13 +94,17 @@ class SGLangServerEngine(ServerEngine):
             body = common.generate_request(
                 [request.prompt], request.spec, request.top_logprobs, self.options
             )
-            (reply,) = self.post("/generate", body)
+            (reply,) = self._generate(body)
             return common.completion(request.prompt, reply, request.top_logprobs)
 
         return self.in_flight(send, requests)
 
     def score(self, sequences: TokenBatch) -> list[list[float]]:
-        return common.scores(sequences, self.post("/generate", common.score_request(sequences)))
+        return common.scores(sequences, self._generate(common.score_request(sequences)))
+
+    def preemptions(self) -> int | None:
+        """Requests SGLang retracted in this engine's calls (their replies' counts)."""
+        return self._retractions.count
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), **common.describe(self.options, self._env, self._standin)}

@@ -40,6 +40,7 @@ class VLLMEngine(Engine):
     PARALLEL_SAMPLING = True
     KV_BUDGET_OPTION = common.KV_BUDGET_OPTION
     MIXED_REQUESTS = True
+    MIN_P = True
 
     @classmethod
     def check_options(cls, options: Mapping[str, str]) -> None:
@@ -116,6 +117,7 @@ class VLLMEngine(Engine):
             temperature=spec.temperature,
             top_p=spec.top_p,
             top_k=spec.top_k,
+            min_p=spec.min_p,
             # one seed per request: a prompt's rollout does not depend on its batch-mates
             seed=spec.seed,
             logprobs=top_logprobs,

@@ -19,7 +19,7 @@ from conformance.engines import _vllm_common as common
 from conformance.engines import _vllm_internals as internals
 from conformance.engines._server_engine import ServerEngine
 from conformance.engines._server_process import command_flags
-from conformance.engines.base import Completion, Request, SamplingSpec, TokenBatch
+from conformance.engines.base import Completion, EngineConfig, Request, SamplingSpec, TokenBatch
 from conformance.env import VLLM_START_TIMEOUT
 from conformance.errors import EngineUnavailable
 
@@ -41,11 +41,18 @@ class VLLMServerEngine(ServerEngine):
     RELEASES = common.RELEASES
     PARALLEL_SAMPLING = True
     MIXED_REQUESTS = True
+    KV_BUDGET_OPTION = common.KV_BUDGET_OPTION
+    MIN_P = True
     label = "vLLM server"
     launch_hint = f"python -m {internals.API_SERVER_MODULE}"
     start_timeout = VLLM_START_TIMEOUT
     describe_path = "/v1/models"
     known_start_failures = common.KNOWN_IMPORT_FAILURES
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        # the server's counters run from its start; an attached one may have served before
+        self._preempted_before = self._preempted()
 
     @classmethod
     def parse_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -173,6 +180,7 @@ class VLLMServerEngine(ServerEngine):
                 "temperature": spec.temperature,
                 "top_p": spec.top_p,
                 "top_k": spec.top_k,
+                "min_p": spec.min_p,
                 # one seed per request, as the in-process engine does
                 "seed": spec.seed,
                 **{k: v for k, v in common.stop_params(spec).items() if k != "detokenize"},
@@ -200,6 +208,19 @@ class VLLMServerEngine(ServerEngine):
             ]
             for seq, choice in zip(sequences, choices, strict=True)
         ]
+
+    def _preempted(self) -> int | None:
+        try:
+            exposition = self._get("/metrics", read=lambda reply: reply.read().decode())
+        except EngineUnavailable:
+            return None
+        return common.exposed_preemptions(exposition)
+
+    def preemptions(self) -> int | None:
+        """Requests the server preempted since this engine started (its ``/metrics``
+        ``vllm:num_preemptions_total``); None where the server exposes no such counter."""
+        now, before = self._preempted(), self._preempted_before
+        return None if now is None or before is None else now - before
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "vllm": common.vllm_version()}

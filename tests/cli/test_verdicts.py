@@ -73,6 +73,7 @@ DEFECTS = [
     ("TopKOffByOne", ["sampler_fidelity"], {"sampler_fidelity"}, OUTSIDE_SUPPORT),
     ("JointTopKTopP", ["sampler_fidelity"], {"sampler_fidelity"}, OUTSIDE_SUPPORT),
     ("OutsideSupport", ["sampler_fidelity"], {"sampler_fidelity"}, OUTSIDE_SUPPORT),
+    ("MinPLastUndeclared", ["sampler_fidelity"], {"sampler_fidelity"}, "min_p 0.05"),
     # right log-probs, a request's n children all one draw
     ("IdenticalChildren", ["group_sampling"], {"group_sampling"}, "not independent draws"),
     ("StalePrefixCache", ["weight_sync"], {"weight_sync"}, "abs_diff_max"),

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.engine_tests import needs
+from support.engine_tests import needs, over_budget, started
 from support.server_processes import free_url, group_ends, port_open
 
 from conformance.contract.checks import Subject
@@ -143,6 +143,20 @@ def test_a_server_that_cannot_start_is_one_line_quoting_its_log(
     assert "\n" not in str(error.value)
 
 
+def test_a_kv_budget_makes_a_started_server_preempt_and_counts_it_over_http(
+    subject: Subject,
+) -> None:
+    """The in-process engine's budget (``KV_BUDGET_OPTION`` and what it requires) on a server
+    the harness starts: a batch needing 3.75 budgets is preempted or retracted, as the server
+    reports (vLLM's ``/metrics``, SGLang's replies); the subject's server, with room, is not."""
+    engine_class = server_engine_class(subject)
+    assert engine_class.KV_BUDGET_OPTION is not None
+    assert over_budget(subject.engine()) == 0
+    options = {**engine_class.KV_BUDGET_REQUIRES, engine_class.KV_BUDGET_OPTION: "256"}
+    with started(subject.name, subject.model, options=options) as budgeted:
+        assert over_budget(budgeted) > 0
+
+
 # -- the end of a server: last, as it kills the subject's engine ----------------------------------
 def test_attaching_to_a_running_server_gives_its_numbers(subject: Subject, sequences) -> None:
     engine_class = server_engine_class(subject)
@@ -152,6 +166,8 @@ def test_attaching_to_a_running_server_gives_its_numbers(subject: Subject, seque
         assert attached.score(sequences) == server.score(sequences)
         assert attached.info()["attached"] is True
         assert attached.knobs() == {}
+        # its KV memory is its owner's: the preemption suite cannot bound it
+        assert attached.KV_BUDGET_OPTION is None
     finally:
         attached.close()
     # closing an attached engine leaves the user's server running

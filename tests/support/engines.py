@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from conformance.engines.base import Completion, EngineConfig, LogprobKind, Request, SamplingSpec
 from conformance.engines.hf_generate import HFGenerateEngine
 from conformance.hf_model import device
-from conformance.sampling import SamplerOrder, truncate
+from conformance.sampling import STATED_ORDER, SamplerOrder, truncate
 
 
 def _edit_logprobs(completions: list[Completion], edit: Any) -> list[Completion]:
@@ -521,6 +521,16 @@ class DeclaredJointTopKTopP(JointTopKTopP):
 
     name = "declared-joint-top-k-top-p"
     SAMPLER_ORDER = SamplerOrder.JOINT
+
+
+class MinPLastUndeclared(HFGenerateEngine):
+    """transformers' own sampler, min-p applied after top-k and top-p, declared as the stated
+    order, where min-p comes first (sglang#36173: its min-p path composed the filters in
+    another order than its main path): with min-p on, top-p renormalises over more tokens and
+    keeps some the stated sampler cuts."""
+
+    name = "min-p-last-undeclared"
+    SAMPLER_ORDER = STATED_ORDER
 
 
 class IdenticalChildren(HFGenerateEngine):
