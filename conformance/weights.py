@@ -23,24 +23,46 @@ SYNC_SUITE = "weight_sync"
 
 
 def read_weights(model: Path) -> dict[str, torch.Tensor]:
-    """The model folder's weights as a transformers-named state dict on CPU, in float32."""
+    """The model folder's weights as a transformers-named state dict on CPU, in float32.
+
+    A tensor the model holds under several names (tied input and output embeddings) is one
+    tensor under each of them here too, as :func:`perturbed` needs to keep it one."""
     from conformance.hf_model import load_causal_lm
 
     lm = load_causal_lm(model, "float32", "sdpa")
-    return {name: tensor.detach().cpu().clone() for name, tensor in lm.state_dict().items()}
+    copies: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}
+    weights = {}
+    for name, tensor in lm.state_dict().items():
+        key = (tensor.data_ptr(), tuple(tensor.shape))
+        if key not in copies:
+            copies[key] = tensor.detach().cpu().clone()
+        weights[name] = copies[key]
+    return weights
 
 
 def perturbed(weights: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
     """Every tensor changed, reproducibly from ``seed``: ``w + s·σ(w)·ε`` for matrices and
-    ``w·(1 + s·ε)`` for vectors (norm weights, biases), ``ε ~ N(0, 1)``, ``s = PERTURBATION``."""
+    ``w·(1 + s·ε)`` for vectors (norm weights, biases), ``ε ~ N(0, 1)``, ``s = PERTURBATION``.
+
+    A tensor under several names (tied embeddings, see :func:`read_weights`) changes once,
+    as under its first name in sorted order, and stays one tensor: a refit of a tied model
+    sends equal tensors, and an engine may read either name (vLLM skips ``lm_head.weight``
+    when the embeddings are tied). That first name's change is also what
+    :func:`write_model`'s folder holds (transformers loads ``lm_head.weight`` last), so the
+    engine and the folder agree. Every name still draws its ε, so each other tensor's change
+    is the same whatever is tied."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
-    changed = {}
+    changed: dict[str, torch.Tensor] = {}
+    first_name: dict[int, str] = {}
     for name in sorted(weights):
         w = weights[name]
         noise = torch.randn(w.shape, generator=generator, dtype=torch.float32).to(w.dtype)
-        if w.ndim >= 2:
+        first = first_name.setdefault(id(w), name)
+        if first != name:
+            changed[name] = changed[first]
+        elif w.ndim >= 2:
             changed[name] = w + PERTURBATION * w.float().std().to(w.dtype) * noise
         else:
             changed[name] = w * (1 + PERTURBATION * noise)
