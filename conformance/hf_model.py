@@ -60,12 +60,22 @@ def gather_logprobs(
     (verl ``logprobs_from_logits``); H = −Σ p log p over the vocabulary. With ``top_k`` or
     ``top_p`` the distribution is first truncated and renormalised as a sampler does
     (:func:`conformance.sampling.truncate`), so a target outside it gets −inf.
+
+    A batch ``[B, T, V]`` is computed one sequence at a time, which gives the same numbers
+    (each position's softmax is its own): its full-vocabulary intermediates are one
+    sequence's. Over the whole batch, a 32 × 640-token batch of a 49,152-id vocabulary took
+    4 GB a copy and peaked at 23 GB.
     """
     import torch
 
+    if logits.ndim > 2:
+        pairs = zip(logits, targets, strict=True)
+        rows = [gather_logprobs(*row, temperature, top_k, top_p) for row in pairs]
+        return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     if top_k or top_p < 1.0:
         logp = truncate(logp, top_k, top_p)
     picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = -torch.special.xlogy(logp.exp(), logp.exp()).sum(-1)
+    p = logp.exp()
+    entropy = -torch.special.xlogy(p, p).sum(-1)
     return picked, entropy

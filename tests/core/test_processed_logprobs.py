@@ -40,3 +40,19 @@ def test_truncation_keeps_a_distribution():
         lp, _ = gather_logprobs(logits, everything[:, column], 1.0, 10, 0.7)
         total += lp.exp()
     torch.testing.assert_close(total, torch.ones(4))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_a_batch_one_sequence_at_a_time_gives_the_whole_batchs_numbers(temperature):
+    """The backend computes a batch's log-probs one sequence at a time (its memory is then one
+    sequence's): bitwise the numbers the whole batch at once gives."""
+    generator = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 50, 4096, generator=generator) * 3
+    targets = torch.randint(0, 4096, (3, 50), generator=generator)
+    logp = torch.log_softmax(logits / temperature, -1)
+    whole = logp.gather(-1, targets[..., None]).squeeze(-1)
+    whole_entropy = -torch.special.xlogy(logp.exp(), logp.exp()).sum(-1)
+
+    picked, entropy = gather_logprobs(logits, targets, temperature)
+
+    assert torch.equal(picked, whole) and torch.equal(entropy, whole_entropy)
