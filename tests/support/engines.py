@@ -711,6 +711,8 @@ class BudgetedWaves(HFGenerateEngine):
     KV_BUDGET_OPTION = "kv_budget_tokens"
     # one request, one stream: the harness forks a group into one seeded batch per child
     PARALLEL_SAMPLING = False
+    # its own sampling loop composes min-p, top-k and top-p in the stated order, as vLLM does
+    SAMPLER_ORDER = STATED_ORDER
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
@@ -798,7 +800,7 @@ class BudgetedWaves(HFGenerateEngine):
 
         raw = torch.log_softmax(request["next"], dim=-1)
         processed = truncate(torch.log_softmax(request["next"] / spec.temperature, -1),
-                             spec.top_k, spec.top_p)  # fmt: skip
+                             spec.top_k, spec.top_p, min_p=spec.min_p)  # fmt: skip
         token = int(torch.multinomial(processed.exp(), 1, generator=request["stream"]))
         reported = raw if self.config.logprobs is LogprobKind.RAW else processed
         request["tokens"].append(token)
