@@ -149,15 +149,14 @@ def outside_support(
         outside |= (lp_o + delta < lp_max + math.log(min_p))[:, 0]
     if top_k:
         outside |= above.sum(-1) >= top_k
-    if top_p < 1.0 and order is not SamplerOrder.JOINT:
+    if top_p < 1.0:
+        # the set top-p renormalises over: the whole vocabulary for JOINT
         rest = torch.ones_like(p, dtype=torch.bool)
         if min_p > 0 and order is SamplerOrder.TOP_K_THEN_TOP_P:
             rest &= lp >= lp_max + math.log(min_p) - delta
-        if top_k:
+        if top_k and order is not SamplerOrder.JOINT:
             ranked = p.masked_fill(~rest, 0.0)
             rest &= ranked >= ranked.topk(min(top_k, p.shape[-1]), dim=-1).values[:, -1:]
         mass_above = (p * above).sum(-1) / (p * rest).sum(-1)
         outside |= mass_above * math.exp(-delta) >= top_p + slack
-    elif top_p < 1.0:
-        outside |= (p * above).sum(-1) * math.exp(-delta) >= top_p + slack
     return outside
