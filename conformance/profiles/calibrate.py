@@ -190,7 +190,10 @@ KINDS = ("decoded", "scored", "synced")
 
 def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measurements], list[Any]]:
     """Run the reference stack of ``plan`` on every model; every metric's values per
-    :data:`KINDS`, and the models' :class:`~conformance.models.ModelInfo`."""
+    :data:`KINDS`, and the models' :class:`~conformance.models.ModelInfo`.
+
+    The engine serves each model's batches once (:func:`_engine_runs`) and every backend
+    precision recomputes the same sequences: the rollouts do not depend on the backend."""
     import torch
 
     from conformance.backends import BackendConfig
@@ -206,11 +209,21 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measureme
     steps = (
         (1 + len(SYNC_SEEDS))
         * len(infos)
-        * len(plan.backend_dtypes)
+        * (1 + len(plan.backend_dtypes))
         * len(batches)
         * len(plan.sampling_seeds)
     )
     done, started = 0, time.perf_counter()
+
+    def tick(what: str, run: _EngineRun) -> None:
+        nonlocal done
+        done += 1
+        prompts, length, new = run.batch
+        progress(
+            f"[{done}/{steps}] {what}, {prompts} x ({length} + {new}) tokens, seed {run.seed}"
+            f" ({time.perf_counter() - started:.0f} s)"
+        )
+
     with tempfile.TemporaryDirectory(prefix="tim-calibrate-") as scratch:
         for info in infos:
             special = set(info.special_token_ids)
@@ -222,59 +235,72 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measureme
             for index, (label, folder) in enumerate(_variants(info.path, Path(scratch))):
                 synced = index > 0  # the model holding the weight-sync suite's weights
                 engine_config = EngineConfig(model=folder, dtype=plan.engine_dtype)
+                runs = []
                 # the reference stack, started as every stack is (through the registry, guarded)
                 eos = info.eos_token_id
                 with closing(
                     start("engine", REFERENCE[0], engine_config, eos_token_id=eos)
                 ) as engine:
-                    for backend_dtype in plan.backend_dtypes:
-                        backend_config = BackendConfig(model=folder, dtype=backend_dtype)
-                        # closed before the next one loads: a user's model may not fit twice
-                        with closing(start("backend", REFERENCE[1], backend_config)) as backend:
-                            for (prompts, length, new), seed, measured in _batches(
-                                engine, backend, ids, markers, batches, plan.sampling_seeds, chat
-                            ):
-                                for kind, metrics in measured.items():
-                                    for name, value in metrics.items():
-                                        found["synced" if synced else kind][name].append(value)
-                                done += 1
-                                progress(
-                                    f"[{done}/{steps}] {plan.engine_dtype} engine vs "
-                                    f"{backend_dtype} backend, {info.arch} {label}, {prompts} x "
-                                    f"({length} + {new}) tokens, seed {seed} "
-                                    f"({time.perf_counter() - started:.0f} s)"
-                                )
+                    for run in _engine_runs(
+                        engine, ids, markers, batches, plan.sampling_seeds, chat
+                    ):
+                        runs.append(run)
+                        tick(f"{plan.engine_dtype} engine, {info.arch} {label}", run)
+                for backend_dtype in plan.backend_dtypes:
+                    backend_config = BackendConfig(model=folder, dtype=backend_dtype)
+                    # the engine closed first: a user's model may not fit twice
+                    with closing(start("backend", REFERENCE[1], backend_config)) as backend:
+                        for run in runs:
+                            out = backend.recompute(run.sequences)
+                            for kind, metrics in _measured(run, out).items():
+                                for name, value in metrics.items():
+                                    found["synced" if synced else kind][name].append(value)
+                            tick(f"{backend_dtype} backend, {info.arch} {label}", run)
     return {
         kind: {name: Measured(values) for name, values in found[kind].items() if values}
         for kind in KINDS
     }, infos
 
 
-def _batches(
+@dataclass(frozen=True)
+class _EngineRun:
+    """One batch as the engine served it: its rollouts, and its scores of their whole
+    sequences in one prefill."""
+
+    batch: Batch
+    seed: int
+    completions: Sequence[Any]
+    scores: list[Any]
+
+    @property
+    def sequences(self) -> list[list[int]]:
+        return [c.sequence for c in self.completions]
+
+
+def _engine_runs(
     engine: Any,
-    backend: Any,
     ids: Any,
     markers: Sequence[int],
     batches: Sequence[Batch],
     seeds: Sequence[int],
     chat: Sequence[Sequence[int]] = (),
-) -> Iterator[tuple[Batch, int, dict[str, dict[str, float]]]]:
-    """Each batch size and sampling seed, with the metrics of one rollout batch of that size
-    drawn from ``ids`` and the rendered ``chat`` prompts (:func:`_measured`)."""
+) -> Iterator[_EngineRun]:
+    """Each batch size and sampling seed served once: a rollout batch of that size drawn from
+    ``ids`` and the rendered ``chat`` prompts, sampled and then scored whole."""
     import torch
 
     from conformance.engines import SamplingSpec
 
-    for (prompts, length, new), (round_, seed) in itertools.product(batches, enumerate(seeds)):
+    for batch, (round_, seed) in itertools.product(batches, enumerate(seeds)):
+        prompts, length, new = batch
         generator = torch.Generator().manual_seed(seed)
         drawn = torch.randint(0, len(ids), (prompts, length), generator=generator)
         # the suites' prompts repeat tokens in runs, and repetition drifts further in bf16 (a
         # sound llama stack's weight-sync check broke a profile measured on prompts without
         # it: 0.85 against 0.69)
-        batch = _batch_prompts(ids[drawn].tolist(), markers, chat, round_)
-        completions = engine.generate(batch, SamplingSpec(max_new_tokens=new, seed=seed))
-        out = backend.recompute([c.sequence for c in completions])
-        yield (prompts, length, new), seed, _measured(completions, out, engine)
+        prompt_rows = _batch_prompts(ids[drawn].tolist(), markers, chat, round_)
+        completions = engine.generate(prompt_rows, SamplingSpec(max_new_tokens=new, seed=seed))
+        yield _EngineRun(batch, seed, completions, engine.score([c.sequence for c in completions]))
 
 
 def _batch_prompts(
@@ -322,25 +348,25 @@ def _prompt(
     return in_runs(drawn, runs[index % len(runs)])
 
 
-def _measured(completions: Sequence[Any], out: Any, engine: Any) -> dict[str, dict[str, float]]:
-    """Metrics of one batch: ``decoded``, of the sampled tokens as decoded (on an MoE model with
-    their routing metrics), and ``scored``, of the whole sequences as scored in one prefill
-    (what the prefill and weight-sync suites compare)."""
+def _measured(run: _EngineRun, out: Any) -> dict[str, dict[str, float]]:
+    """Metrics of one batch against the backend's recompute ``out``: ``decoded``, of the
+    sampled tokens as decoded (on an MoE model with their routing metrics), and ``scored``, of
+    the whole sequences as scored in one prefill (what the prefill and weight-sync suites
+    compare)."""
     import torch
 
     from conformance.routing import routing_metrics
     from conformance.suite_support import generated_routes, generated_rows
 
-    lp_train, lp_infer, _ = generated_rows(completions, out.logprobs)
-    scores = engine.score([c.sequence for c in completions])
+    lp_train, lp_infer, _ = generated_rows(run.completions, out.logprobs)
     decoded = _metrics(lp_train, lp_infer)
     if out.routes is not None:
         diffs = [
             (torch.tensor(t, dtype=torch.float64) - torch.tensor(i, dtype=torch.float64)).abs()
             for t, i in zip(lp_train, lp_infer, strict=True)
         ]
-        decoded |= routing_metrics(*generated_routes(completions, out.routes), diffs)
-    return {"decoded": decoded, "scored": _metrics(out.logprobs, scores)}
+        decoded |= routing_metrics(*generated_routes(run.completions, out.routes), diffs)
+    return {"decoded": decoded, "scored": _metrics(out.logprobs, run.scores)}
 
 
 def _metrics(lp_train: Sequence[Any], lp_infer: Sequence[Any]) -> dict[str, float]:

@@ -45,9 +45,9 @@ def calibrated(unseen, tmp_path_factory) -> dict[str, Path]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     out = tmp_path_factory.mktemp("profiles")
     profiles = {}
-    # the model and its 3 weight-sync variants; one backend in fp32, two in bf16 (fp32 and
-    # bf16); 2 batches x 2 seeds each
-    for dtype, steps in (("float32", 16), ("bfloat16", 32)):
+    # the model and its 3 weight-sync variants, 2 batches x 2 seeds each: served by the engine
+    # once, measured by one backend in fp32 and two in bf16 (fp32 and bf16)
+    for dtype, steps in (("float32", 32), ("bfloat16", 48)):
         path = out / f"unseen-{dtype}.toml"
         result = calibrate(
             "--model", str(unseen), "--engine-dtype", dtype, "--out", str(path),
@@ -172,7 +172,7 @@ def test_without_a_profile_a_model_the_shipped_ones_never_saw_gets_its_own(
     args = ("--model", str(unseen), "--suite", "rollout_parity")
     code, report, output = certify(*args, env=env, out=tmp_path / "first")
     assert code == 0, output[-3000:]
-    assert "calibrating" in output and "[16/16]" in output and "warning: profile" not in output
+    assert "calibrating" in output and "[32/32]" in output and "warning: profile" not in output
     profile = report["profile"]
     assert Path(profile["source"]).parent == tmp_path / "cache" / "profiles"
     assert profile["foreign"] is None and profile["provenance"]["models"][0]["path"] == str(unseen)
@@ -193,9 +193,9 @@ def test_a_certify_cut_short_while_calibrating_is_incomplete_and_caches_nothing(
     any suite runs): exit 2 with report.json; the half-done calibration is not cached."""
     env = {**cli_env, "TIM_CONFORMANCE_CACHE": str(tmp_path / "cache")}
     out = tmp_path / "run"
-    # "[1/16]": calibrating, one batch measured
+    # "[1/32]": calibrating, one batch served
     code, output = certify_interrupted(
-        "--model", str(unseen), env=env, out=out, at="[1/16]", signal_name=signal_name
+        "--model", str(unseen), env=env, out=out, at="[1/32]", signal_name=signal_name
     )
     assert code == 2, output[-3000:]
     report = json.loads((out / "report.json").read_text())
