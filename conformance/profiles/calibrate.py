@@ -235,7 +235,7 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measureme
             for index, (label, folder) in enumerate(_variants(info.path, Path(scratch))):
                 synced = index > 0  # the model holding the weight-sync suite's weights
                 engine_config = EngineConfig(model=folder, dtype=plan.engine_dtype)
-                runs = []
+                runs: list[_EngineRun] = []
                 # the reference stack, started as every stack is (through the registry, guarded)
                 eos = info.eos_token_id
                 with closing(
