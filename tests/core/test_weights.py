@@ -61,3 +61,64 @@ def test_untied_tensors_change_as_they_would_without_the_tie(tied_model: Path) -
 
     assert untied_new[EMBED] is not untied_new[HEAD]
     assert all(torch.equal(tied_new[name], untied_new[name]) for name in weights if name != EMBED)
+
+
+#: random-id sequences a stale engine is scored on: 8 × 96 tokens, past the embedded
+#: tokenizer's special ids
+STALE_BATCH, STALE_LEN, FIRST_ID = 8, 96, 3
+
+
+def _logprobs(lm: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    from conformance.hf_model import gather_logprobs
+
+    with torch.no_grad():
+        return gather_logprobs(lm(ids).logits[:, :-1], ids[:, 1:])[0]
+
+
+@pytest.fixture(scope="module")
+def stale_metrics(default_model: Path) -> dict[tuple[int, str], dict[str, float]]:
+    """Per sync seed, the metrics of an engine that kept the old weights (``"none"``) and of
+    one that took the first half of the tensors it was sent (``"half"``, tests/support's
+    ``PartialRefit``) against a trainer holding the new weights, all in fp32 on the embedded
+    model: the defect alone, no precision's drift."""
+    from conformance.hf_model import load_causal_lm
+    from conformance.metrics import mismatch_metrics
+    from conformance.weights import SYNC_SEEDS
+
+    lm = load_causal_lm(default_model, "float32", "sdpa")
+    ids = torch.randint(
+        FIRST_ID, lm.config.vocab_size, (STALE_BATCH, STALE_LEN),
+        generator=torch.Generator().manual_seed(0),
+    )  # fmt: skip
+    original = read_weights(default_model)
+    stale = _logprobs(lm, ids)
+    mask = torch.ones_like(stale, dtype=torch.bool)
+    measured = {}
+    for seed in SYNC_SEEDS:
+        new = perturbed(original, seed)
+        lm.load_state_dict(new)
+        trainer = _logprobs(lm, ids)
+        half = sorted(new)[: len(new) // 2]
+        lm.load_state_dict({**original, **{name: new[name] for name in half}})
+        measured[seed, "none"] = mismatch_metrics(trainer, stale, mask)
+        measured[seed, "half"] = mismatch_metrics(trainer, _logprobs(lm, ids), mask)
+        lm.load_state_dict(original)
+    return measured
+
+
+@pytest.mark.parametrize("profile", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("refit", ["none", "half"])
+def test_a_stale_engine_breaks_every_shipped_sync_bound(
+    stale_metrics: dict[tuple[int, str], dict[str, float]], profile: str, refit: str
+) -> None:
+    """The perturbation is large enough for the weight-sync suite to catch an engine that
+    skips the sync or half of it in every shipped precision's ``[suites.weight_sync]`` table,
+    on one 8 × 96-token batch of every sync seed (the suite judges each example alone)."""
+    from conformance.metric_table import EXAMPLE_METRICS
+    from conformance.profiles import load_profile
+    from conformance.weights import SYNC_SEEDS, SYNC_SUITE
+
+    bounds = load_profile(profile)
+    for seed in SYNC_SEEDS:
+        example = {k: v for k, v in stale_metrics[seed, refit].items() if k in EXAMPLE_METRICS}
+        assert bounds.check(example, suite=SYNC_SUITE), (seed, example)
