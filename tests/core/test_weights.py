@@ -1,7 +1,9 @@
 """The weight-sync suite's weights (``conformance.weights``) on a model with tied embeddings, as
 most small trained models have (SmolLM2, Qwen2.5-0.5B, Llama-3.2-1B): the perturbed state dict
 keeps the tie, the folder written from it holds exactly those weights, and every other tensor
-changes as it would untied (the models calibrate measured stay the same)."""
+changes as it would untied (the models calibrate measured stay the same); and the perturbation
+is large enough that an engine skipping the sync, or half of it, breaks every shipped
+precision's weight-sync bounds."""
 
 from __future__ import annotations
 
