@@ -40,9 +40,12 @@ def read_weights(model: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
-def perturbed(weights: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
+def perturbed(
+    weights: dict[str, torch.Tensor], seed: int, scale: float = PERTURBATION
+) -> dict[str, torch.Tensor]:
     """Every tensor changed, reproducibly from ``seed``: ``w + s·σ(w)·ε`` for matrices and
-    ``w·(1 + s·ε)`` for vectors (norm weights, biases), ``ε ~ N(0, 1)``, ``s = PERTURBATION``.
+    ``w·(1 + s·ε)`` for vectors (norm weights, biases), ``ε ~ N(0, 1)``, ``s = scale`` (the
+    suite's ``PERTURBATION``; other scales are for measuring it).
 
     A tensor under several names (tied embeddings, see :func:`read_weights`) changes once,
     as under its first name in sorted order, and stays one tensor: a refit of a tied model
@@ -63,9 +66,9 @@ def perturbed(weights: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Te
         if first != name:
             changed[name] = changed[first]
         elif w.ndim >= 2:
-            changed[name] = w + PERTURBATION * w.float().std().to(w.dtype) * noise
+            changed[name] = w + scale * w.float().std().to(w.dtype) * noise
         else:
-            changed[name] = w * (1 + PERTURBATION * noise)
+            changed[name] = w * (1 + scale * noise)
     return changed
 
 

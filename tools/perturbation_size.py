@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from conformance import weights as sync_weights
 from conformance.chat_prompts import rendered_prompts
 from conformance.hf_model import load_causal_lm
+from conformance.weights import perturbed, read_weights
 
 SCALES = (0.0, 0.01, 0.03, 0.05, 0.07, 0.1, 0.3, 0.5)
 ANSWER_TOKENS = 48
@@ -81,12 +81,11 @@ def main() -> None:
     rows = [greedy(base, p, ANSWER_TOKENS) for p in prompts]
     starts = [len(p) for p in prompts]
     base_lp, _ = answer_logprobs(base, rows, starts)
-    original = sync_weights.read_weights(args.model)
+    original = read_weights(args.model)
     lm_bf16 = load_causal_lm(args.model, "bfloat16", "sdpa")
 
     for scale in SCALES:
-        sync_weights.PERTURBATION = scale
-        new = sync_weights.perturbed(original, seed=1) if scale else original
+        new = perturbed(original, seed=1, scale=scale) if scale else original
         base.load_state_dict(new)
         lm_bf16.load_state_dict({k: v.to(torch.bfloat16) for k, v in new.items()})
         lp, top1 = answer_logprobs(base, rows, starts)
