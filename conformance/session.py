@@ -136,7 +136,19 @@ class HarnessSession:
         with closing(self._start("backend", config, (("model", model),))) as backend:
             yield backend
 
-    def _start(self, kind: str, config: Any, key: tuple) -> Guarded:
+    @contextmanager
+    def engine_for(self, model: Path, **option_changes: str) -> Iterator[Engine]:
+        """The engine under test started afresh on another model folder, with
+        ``option_changes`` on top of its own options, closed when the block ends.
+
+        Its samples are not held to the support property: they come from weights the backend
+        does not hold."""
+        config = self.spec.engine_config(model, **option_changes)
+        key = (("model", model), *sorted(option_changes.items()))
+        with closing(self._start("engine", config, key, audited=False)) as engine:
+            yield engine
+
+    def _start(self, kind: str, config: Any, key: tuple, *, audited: bool = True) -> Guarded:
         """Start the stack's ``kind`` on ``config`` (:func:`conformance.guard.start`: within the
         start deadline, guarded and timed); a failure to start ends the run.
 
@@ -156,7 +168,7 @@ class HarnessSession:
             on_crash=self._on_crash,
             timing=self.timing,
             eos_token_id=self.model_info.eos_token_id,
-            audit=self._audit_support if kind == "engine" else None,
+            audit=self._audit_support if kind == "engine" and audited else None,
         )
         seconds = self.timing[f"{kind}_start_s"] - before
         inner = guarded.inner

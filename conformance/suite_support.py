@@ -176,6 +176,23 @@ def generated_rows(
     return lp_train, lp_infer, positions
 
 
+def agreeing_rows(
+    ours: Sequence[Completion], theirs: Sequence[Completion]
+) -> tuple[list[list[float]], list[list[float]]]:
+    """Two engines' log-probs of their completions of the same requests, pair by pair, over
+    the tokens both sampled alike: a log-prob is of its token given those before it, so the
+    rows stop where the sampled tokens first differ."""
+    mine, other = [], []
+    for a, b in zip(ours, theirs, strict=True):
+        same = next(
+            (i for i, (x, y) in enumerate(zip(a.tokens, b.tokens, strict=False)) if x != y),
+            min(len(a.tokens), len(b.tokens)),
+        )
+        mine.append(list(a.logprobs[:same]))
+        other.append(list(b.logprobs[:same]))
+    return mine, other
+
+
 def generated_routes(
     completions: Sequence[Completion], recomputed: Sequence[Routes]
 ) -> tuple[list[Any], list[Any]]:

@@ -13,13 +13,6 @@ if TYPE_CHECKING:
 #: relative size of the perturbation: every tensor moves by half its own spread, so skipping
 #: any one of them in a refit changes log-probabilities far beyond every profile
 PERTURBATION = 0.5
-#: the perturbation seeds the weight-sync suite syncs to: a fixed set, so that ``calibrate``
-#: measures the very models the suite scores (one perturbation's bf16 drift is no bound on
-#: another's: |Σ log ρ|/√T 0.25 for seed 1, 0.95 for a seed a run once drew at random)
-SYNC_SEEDS = (1, 2, 3)
-#: the suite (``suites/test_weight_sync.py``) that scores models holding those weights: a
-#: calibrated profile bounds it in its own ``[suites.weight_sync]`` table
-SYNC_SUITE = "weight_sync"
 
 
 def read_weights(model: Path) -> dict[str, torch.Tensor]:

@@ -2,26 +2,26 @@
 
 A profile file is a flat table ``metric = threshold``, plus an optional ``description``,
 ``min_pooled_tokens``, ``max_pooled_tokens``, ``[suites.NAME]`` tables and a ``[provenance]``
-table. ``max_pooled_tokens`` is the largest pool the calibration measured: a pool-scaled metric's
-bound (``Metric.pool_scaled``, |Σ log ρ|/√n) holds up to it and grows as √(n / it) past it,
-since the reference stack's own systematic bias b moves that metric as b·√n (measured: a sound
-bf16 stack's prefill-parity pool of 57,000 tokens reached 0.43 against a bound of 0.46 calibrated
-on pools of at most 20,448). A
-``[suites.NAME]`` table replaces the bounds it names for the suite ``NAME`` alone: the
-weight-sync suite scores the model holding new weights, which drifts more than the model
-itself, and widening every suite's bounds to cover it cost the other suites their power to see
-a small bias (a calibrated bf16 k1 bound 0.012 → 0.018); ``inf`` (``-inf`` for a lower bound)
-there lifts a base bound for that suite. ``min_pooled_tokens`` is the fewest tokens
-a pooled bound (an average, spread or correlation) is judged on: a calibrated profile sets it to
-the smallest pool its bounds were measured on; a mean over fewer tokens strays further from its
-ideal than the calibration saw (one token's log-ratio is its own mean), so such a pool is
-reported but not judged (:meth:`Profile.unjudged` says so, per metric). A bound widened for
-the smaller pool was measured and not adopted: every broken engine's pool of 4 or more tokens
-it failed already broke a per-example bound, and at one or two tokens it failed sound pools
-(docs/report-json.md, "Small pools"). ``[provenance]`` is what ``tim-conformance calibrate``
-measured the profile on: the models' sha256, the device, the versions, sizes and seeds. Metric
-names, which side of a threshold is a violation and which metrics are pooled come from
-:mod:`conformance.metric_table`.
+table. ``max_pooled_tokens`` is the largest pool the calibration measured: a pool-scaled
+metric's bound (``Metric.pool_scaled``, |Σ log ρ|/√n) holds up to it and grows as √(n / it) past
+it, since the reference stack's own systematic bias b moves that metric as b·√n (measured: a
+sound bf16 stack's prefill-parity pool of 57,000 tokens reached 0.43 against a bound of 0.46
+calibrated on pools of at most 20,448). A ``[suites.NAME]`` table replaces the bounds it names
+for the suite ``NAME`` alone: a rollout suite measures rollouts as decoded, which calibrate may
+bound tighter than whole sequences scored in one prefill; ``inf`` (``-inf`` for a lower bound)
+there lifts a base bound for that suite. A ``[suites.weight_sync]`` table, which calibrate wrote
+before its method 10 to bound the engine against a backend holding new weights, is ignored with
+a warning: that suite now judges the engine against itself started on the new weights, under the
+base bounds. ``min_pooled_tokens`` is the fewest tokens a pooled bound (an average, spread or
+correlation) is judged on: a calibrated profile sets it to the smallest pool its bounds were
+measured on; a mean over fewer tokens strays further from its ideal than the calibration saw
+(one token's log-ratio is its own mean), so such a pool is reported but not judged
+(:meth:`Profile.unjudged` says so, per metric). A bound widened for the smaller pool was
+measured and not adopted: every broken engine's pool of 4 or more tokens it failed already broke
+a per-example bound, and at one or two tokens it failed sound pools (docs/report-json.md, "Small
+pools"). ``[provenance]`` is what ``tim-conformance calibrate`` measured the profile on: the
+models' sha256, the device, the versions, sizes and seeds. Metric names, which side of a
+threshold is a violation and which metrics are pooled come from :mod:`conformance.metric_table`.
 """
 
 from __future__ import annotations
@@ -33,10 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conformance import releases
 from conformance.errors import ProfileError
 from conformance.metric_table import METRIC_NAMES, Breach, metric
 
 _HERE = Path(__file__).parent
+#: suite tables a profile no longer applies (deprecated, warned about and ignored on load)
+RETIRED_SUITE_TABLES = ("weight_sync",)
 
 
 @dataclass(frozen=True)
@@ -183,6 +186,13 @@ def load_profile(name_or_path: str | Path) -> Profile:
             f"profile {path}: suites is not a set of tables",
             "write each suite's bounds as a [suites.NAME] table of metric = number lines",
         )
+    for retired in RETIRED_SUITE_TABLES:
+        if suites.pop(retired, None) is not None:
+            releases.warn(
+                f"profile {path}: its [suites.{retired}] table is ignored: the {retired} suite "
+                "judges the engine against itself on the new weights, under the base bounds "
+                "(fix: delete the table, or calibrate the profile again)"
+            )
     return Profile(
         name=path.stem,
         source=path,

@@ -3,21 +3,18 @@
 ``tim-conformance calibrate --model DIR`` runs the reference stack — ``hf-generate`` (KV-cache
 decode, left padding) in the engine precision against the ``hf`` backend's full forward in each
 backend precision (by default fp32, and the engine's own precision where it is lower: a profile
-covers both stacks) — on each model given and on that model holding the weight-sync suite's new
-weights (the suite scores such a model, and it drifts more: those measurements bound that suite
-alone, in the profile's ``[suites.weight_sync]`` table), over rollout batches that span the
-depth: quick from 8 prompts × 32 new tokens to 32 × 128, deep up to 8 prompts × 2,048 new
-tokens. Each threshold is the measured extreme times a safety factor (10 in fp32, where only
-kernel and reduction order differ; 3 in bf16/fp16, whose rounding dominates), squared for the
-quadratic metrics (k2, k3, 1 − pcc), applied to the distance from the metric's ideal; community
-anchors replace the factor where they are tighter but still above the measurement (verl's
-``rollout_probs_diff_mean`` < 0.01, NeMo-RL's ``token_mult_prob_error`` < 1.05). Every metric is
-measured per batch, pooled ones included: a suite pools one test's tokens, often a few hundred,
-and a mean over a few hundred tokens strays further from its ideal than one over a whole model's
-batches. The smallest batch's rollout tokens are the profile's ``min_pooled_tokens``: below it a
-pooled bound would be judged outside what was measured. The measurement sits next to each number
-in the written TOML, and its ``[provenance]`` table names the models (sha256), device, versions,
-sizes and seeds.
+covers both stacks) — on each model given, over rollout batches that span the depth: quick from
+8 prompts × 32 new tokens to 32 × 128, deep up to 8 prompts × 2,048 new tokens. Each threshold
+is the measured extreme times a safety factor (10 in fp32, where only kernel and reduction order
+differ; 3 in bf16/fp16, whose rounding dominates), squared for the quadratic metrics (k2, k3, 1
+− pcc), applied to the distance from the metric's ideal; community anchors replace the factor
+where they are tighter but still above the measurement (verl's ``rollout_probs_diff_mean`` <
+0.01, NeMo-RL's ``token_mult_prob_error`` < 1.05). Every metric is measured per batch, pooled
+ones included: a suite pools one test's tokens, often a few hundred, and a mean over a few
+hundred tokens strays further from its ideal than one over a whole model's batches. The smallest
+batch's rollout tokens are the profile's ``min_pooled_tokens``: below it a pooled bound would be
+judged outside what was measured. The measurement sits next to each number in the written TOML,
+and its ``[provenance]`` table names the models (sha256), device, versions, sizes and seeds.
 
 The shipped ``fp32``, ``bf16`` and ``fp16`` profiles are written by this same command on three
 ``make-model`` models (docs/profiles.md); each file's header holds the command."""
@@ -29,7 +26,6 @@ import itertools
 import json
 import math
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
@@ -40,7 +36,6 @@ from typing import Any
 from conformance.metric_table import METRICS, Metric, metric
 from conformance.strategies import RUN_LENGTHS, chat_text, in_runs, marker_ids
 from conformance.suite_support import ROLLOUT_SUITES
-from conformance.weights import SYNC_SEEDS, SYNC_SUITE, perturbed, read_weights, write_model
 
 #: (prompts, prompt length, new tokens) per depth: each depth's small, middle and large ends
 DEPTH_BATCHES = {
@@ -79,14 +74,14 @@ FIRST_PROMPT_ID = 3
 #: batches of every sampling seed but the first on random ids alone (``_batch_prompts``) and
 #: bounds pcc by its bootstrap low quantile (``_metrics``), 8 leaves the ``exp_scale`` metrics
 #: unbounded where a measured token's |log ρ| passes ``EXP_SCALE_RANGE`` and measures rollouts
-#: from prompts of ``SHORT_LENGTHS`` tokens (``SHORT_EVERY``)
-METHOD = 8
+#: from prompts of ``SHORT_LENGTHS`` tokens (``SHORT_EVERY``), 10 no longer measures the models
+#: holding the weight-sync suite's new weights (that suite judges the engine against itself)
+METHOD = 10
 #: nats: past this measured max |log ρ|, ρ's moments are no reading of the log-ratio's
 #: (ρ − 1 ≈ log ρ within 1 nat: e¹ = 2.7 against 2) but of the one largest token's e^{nats},
-#: which a bigger pool or another kernel on the same inputs outgrows by orders of magnitude. The
-#: weight-sync suite's perturbed SmolLM2-135M models reach 23 nats in bf16 (the reference stack
-#: against itself), and vLLM's bf16 kernels on them read max ρ 2.3e7 against a bound of 3e6
-#: while every log-scale metric stayed within its own; the log-scale metrics bound them instead
+#: which a bigger pool or another kernel on the same inputs outgrows by orders of magnitude
+#: (models 23 nats apart in bf16: vLLM's kernels read max ρ 2.3e7 against a calibrated 3e6
+#: while every log-scale metric stayed within its own); the log-scale metrics bound them instead
 EXP_SCALE_RANGE = 1.0
 #: why a profile leaves the ``exp_scale`` metrics unbounded past ``EXP_SCALE_RANGE``
 _PAST_RANGE = f"a token's |log ρ| passed {EXP_SCALE_RANGE:g} nat"
@@ -184,8 +179,8 @@ class Measured:
 
 Measurements = dict[str, Measured]
 #: what a calibration measures, kept apart: rollouts as decoded and whole sequences as scored in
-#: one prefill on the models themselves, and both on the models holding the weight-sync weights
-KINDS = ("decoded", "scored", "synced")
+#: one prefill
+KINDS = ("decoded", "scored")
 
 
 def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measurements], list[Any]]:
@@ -206,13 +201,7 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measureme
         kind: {m.name: [] for m in METRICS} for kind in KINDS
     }
     batches = fitted_batches(plan, infos)
-    steps = (
-        (1 + len(SYNC_SEEDS))
-        * len(infos)
-        * (1 + len(plan.backend_dtypes))
-        * len(batches)
-        * len(plan.sampling_seeds)
-    )
+    steps = len(infos) * (1 + len(plan.backend_dtypes)) * len(batches) * len(plan.sampling_seeds)
     done, started = 0, time.perf_counter()
 
     def tick(what: str, run: _EngineRun) -> None:
@@ -224,38 +213,30 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measureme
             f" ({time.perf_counter() - started:.0f} s)"
         )
 
-    with tempfile.TemporaryDirectory(prefix="tim-calibrate-") as scratch:
-        for info in infos:
-            special = set(info.special_token_ids)
-            ids = torch.tensor(
-                [i for i in range(FIRST_PROMPT_ID, info.vocab_size) if i not in special]
-            )
-            markers = marker_ids(info.vocab_size, info.special_token_ids)
-            chat = _chat_prompts(info)
-            for index, (label, folder) in enumerate(_variants(info.path, Path(scratch))):
-                synced = index > 0  # the model holding the weight-sync suite's weights
-                engine_config = EngineConfig(model=folder, dtype=plan.engine_dtype)
-                runs: list[_EngineRun] = []
-                # the reference stack, started as every stack is (through the registry, guarded)
-                eos = info.eos_token_id
-                with closing(
-                    start("engine", REFERENCE[0], engine_config, eos_token_id=eos)
-                ) as engine:
-                    for run in _engine_runs(
-                        engine, ids, markers, batches, plan.sampling_seeds, chat
-                    ):
-                        runs.append(run)
-                        tick(f"{plan.engine_dtype} engine, {info.arch} {label}", run)
-                for backend_dtype in plan.backend_dtypes:
-                    backend_config = BackendConfig(model=folder, dtype=backend_dtype)
-                    # the engine closed first: a user's model may not fit twice
-                    with closing(start("backend", REFERENCE[1], backend_config)) as backend:
-                        for run in runs:
-                            out = backend.recompute(run.sequences)
-                            for kind, metrics in _measured(run, out).items():
-                                for name, value in metrics.items():
-                                    found["synced" if synced else kind][name].append(value)
-                            tick(f"{backend_dtype} backend, {info.arch} {label}", run)
+    for info in infos:
+        special = set(info.special_token_ids)
+        ids = torch.tensor([i for i in range(FIRST_PROMPT_ID, info.vocab_size) if i not in special])
+        markers = marker_ids(info.vocab_size, info.special_token_ids)
+        chat = _chat_prompts(info)
+        label = f"{info.arch} {info.path.name}"
+        engine_config = EngineConfig(model=info.path, dtype=plan.engine_dtype)
+        runs: list[_EngineRun] = []
+        # the reference stack, started as every stack is (through the registry, guarded)
+        eos = info.eos_token_id
+        with closing(start("engine", REFERENCE[0], engine_config, eos_token_id=eos)) as engine:
+            for run in _engine_runs(engine, ids, markers, batches, plan.sampling_seeds, chat):
+                runs.append(run)
+                tick(f"{plan.engine_dtype} engine, {label}", run)
+        for backend_dtype in plan.backend_dtypes:
+            backend_config = BackendConfig(model=info.path, dtype=backend_dtype)
+            # the engine closed first: a user's model may not fit twice
+            with closing(start("backend", REFERENCE[1], backend_config)) as backend:
+                for run in runs:
+                    out = backend.recompute(run.sequences)
+                    for kind, metrics in _measured(run, out).items():
+                        for name, value in metrics.items():
+                            found[kind][name].append(value)
+                    tick(f"{backend_dtype} backend, {label}", run)
     return {
         kind: {name: Measured(values) for name, values in found[kind].items() if values}
         for kind in KINDS
@@ -351,8 +332,7 @@ def _prompt(
 def _measured(run: _EngineRun, out: Any) -> dict[str, dict[str, float]]:
     """Metrics of one batch against the backend's recompute ``out``: ``decoded``, of the
     sampled tokens as decoded (on an MoE model with their routing metrics), and ``scored``, of
-    the whole sequences as scored in one prefill (what the prefill and weight-sync suites
-    compare)."""
+    the whole sequences as scored in one prefill (what the prefill suite compares)."""
     import torch
 
     from conformance.routing import routing_metrics
@@ -392,21 +372,6 @@ def _chat_prompts(info: Any) -> tuple[tuple[int, ...], ...]:
     from conformance.chat_prompts import rendered_prompts
 
     return rendered_prompts(AutoTokenizer.from_pretrained(info.path))
-
-
-def _variants(model: Path, scratch: Path) -> list[tuple[str, Path]]:
-    """The model, and the model holding each of the weight-sync suite's kinds of new weights
-    (``perturbed`` with ``SYNC_SEEDS``): that suite scores models the calibration would
-    otherwise never see, whose bf16 drift is larger (measured on a qwen3 model: |Σ log ρ|/√T
-    0.95 after a sync, where the model itself stayed below 0.1)."""
-    weights = read_weights(model)
-    return [(model.name, model)] + [
-        (
-            f"{model.name} + weight-sync weights {seed}",
-            write_model(perturbed(weights, seed), model, scratch / f"{model.name}-synced-{seed}"),
-        )
-        for seed in SYNC_SEEDS
-    ]
 
 
 def threshold(fact: Metric, measured: Measured, plan: Plan) -> tuple[float, str]:
@@ -449,7 +414,6 @@ def provenance(plan: Plan, infos: Sequence[Any], command: str) -> dict[str, Any]
         "depth": plan.depth,
         "batches": [list(batch) for batch in fitted_batches(plan, infos)],
         "sampling_seeds": list(plan.sampling_seeds),
-        "weight_sync_seeds": list(SYNC_SEEDS),
         "factor": plan.factor,
         "device": device_info(),
         "versions": {k: v for k, v in package_versions().items() if v is not None},
@@ -472,8 +436,7 @@ def render_profile(plan: Plan, measured: dict[str, Measurements], origin: dict[s
     bounded metric of the models themselves (``measured`` by :data:`KINDS`: their decoded and
     scored measurements), a ``[suites.NAME]`` table for each rollout suite (the decoded ones
     alone, where tighter; where routes flip, not for the per-example, quadratic and
-    pool-scaled bounds) and for the weight-sync suite (every measurement, the models holding
-    its weights included, where wider), and the ``[provenance]`` table ``origin``."""
+    pool-scaled bounds), and the ``[provenance]`` table ``origin``."""
     batches = [tuple(b) for b in origin["batches"]]
     prompts, _, new = min(batches, key=lambda b: b[0] * b[2])
     # a scored sequence's log-probs start at its second token
@@ -505,11 +468,10 @@ def render_profile(plan: Plan, measured: dict[str, Measurements], origin: dict[s
         "bounds grow as sqrt(n / it)",
         "",
     ]
-    decoded, own, every = (
-        _merged(*(measured.get(kind, {}) for kind in kinds))
-        for kinds in (("decoded",), ("decoded", "scored"), KINDS)
+    decoded, own = (
+        _merged(*(measured.get(kind, {}) for kind in kinds)) for kinds in (("decoded",), KINDS)
     )
-    flips = max(every.get("route_flip_tokens", Measured([0.0])).values) > 0
+    flips = max(own.get("route_flip_tokens", Measured([0.0])).values) > 0
     base = _bounds(plan, own, flips)
     why = (
         "routes flip, and one flipped token moves it"
@@ -547,19 +509,6 @@ def render_profile(plan: Plan, measured: dict[str, Measurements], origin: dict[s
             f"[suites.{suite}]",
             *(f"{name} = {value!r}  # {note}" for name, (value, note) in tighter.items()),
         ]
-    if measured.get("synced"):
-        lines += [
-            "",
-            f"# The {SYNC_SUITE} suite scores the models holding its new weights, measured "
-            "here too: where they drift",
-            "# further than the models themselves, these bounds replace the ones above for that "
-            "suite alone.",
-            f"[suites.{SYNC_SUITE}]",
-            *(
-                f"{name} = {value!r}  # {_sync_note(value, note)}"
-                for name, (value, note) in _differing(_bounds(plan, every, flips), base).items()
-            ),
-        ]
     lines += ["", "[provenance]"]
     lines += [f"{k} = {_toml(v)}" for k, v in origin.items() if k != "models"]
     for model in origin["models"]:
@@ -586,15 +535,6 @@ def _differing(
         for name, (value, note) in bounds.items()
         if name in base and value != base[name][0] and base[name][0] is not None
     }
-
-
-def _sync_note(value: float, note: str) -> str:
-    if math.isinf(value):
-        return (
-            f"not bounded: {_PAST_RANGE} on the models holding the new weights "
-            f"({note.split('; ')[-1]})"
-        )
-    return note
 
 
 def _unbounded(name: str) -> float:
