@@ -193,9 +193,9 @@ def test_a_certify_cut_short_while_calibrating_is_incomplete_and_caches_nothing(
     any suite runs): exit 2 with report.json; the half-done calibration is not cached."""
     env = {**cli_env, "TIM_CONFORMANCE_CACHE": str(tmp_path / "cache")}
     out = tmp_path / "run"
-    # "[1/32]": calibrating, one batch served
+    # "[1/8]": calibrating, one batch served
     code, output = certify_interrupted(
-        "--model", str(unseen), env=env, out=out, at="[1/32]", signal_name=signal_name
+        "--model", str(unseen), env=env, out=out, at="[1/8]", signal_name=signal_name
     )
     assert code == 2, output[-3000:]
     report = json.loads((out / "report.json").read_text())
