@@ -528,18 +528,14 @@ def _merged(*parts: Measurements) -> Measurements:
 def _differing(
     bounds: dict[str, tuple[float | None, str]], base: dict[str, tuple[float | None, str]]
 ) -> dict[str, tuple[float | None, str]]:
-    """The bounds that differ from ``base``'s; a metric ``bounds`` leaves unbounded where
-    ``base`` bounds it is written unbounded (±inf), so that the table lifts it."""
+    """The bounds that differ from ``base``'s bounded ones. ``bounds`` measures a subset of
+    what set ``base`` (the decoded rollouts), so a metric it leaves unbounded ``base`` leaves
+    unbounded too."""
     return {
-        name: (_unbounded(name), note) if value is None else (value, note)
+        name: (value, note)
         for name, (value, note) in bounds.items()
         if name in base and value != base[name][0] and base[name][0] is not None
     }
-
-
-def _unbounded(name: str) -> float:
-    """The threshold no value of ``name`` breaches: −inf under a lower bound, inf otherwise."""
-    return -math.inf if metric(name).bound == "min" else math.inf
 
 
 def _bounds(plan: Plan, measured: Measurements, flips: bool) -> dict[str, tuple[float | None, str]]:
