@@ -12,6 +12,11 @@ from conformance.errors import ModelError
 
 #: files that make up a model's identity (config, weights, tokenizer); READMEs and the like do not
 _IDENTITY_SUFFIXES = frozenset({".json", ".safetensors", ".txt", ".model", ".jinja"})
+#: the files ``save_pretrained`` stamps with the transformers release that wrote them, and the
+#: stamp's key: one model saved by two releases is one model (a shipped profile's provenance
+#: names it whichever release built it)
+_STAMPED_FILES = frozenset({"config.json", "generation_config.json"})
+_VERSION_STAMP = "transformers_version"
 _CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 
 
@@ -108,14 +113,35 @@ def _experts(config: dict[str, Any]) -> int:
 
 
 def folder_digest(path: Path) -> str:
-    """sha256 over (name, size, bytes) of the config, weight and tokenizer files, by name."""
+    """sha256 over (name, size, bytes) of the config, weight and tokenizer files, by name; the
+    stamped JSON files (``_STAMPED_FILES``) enter as their content without the
+    ``transformers_version`` stamp, keys sorted."""
     digest = hashlib.sha256()
     for file in sorted(f for f in path.iterdir() if f.suffix in _IDENTITY_SUFFIXES):
+        if file.name in _STAMPED_FILES:
+            content = _unstamped(file)
+            digest.update(f"{file.name}\0{len(content)}\0".encode())
+            digest.update(content)
+            continue
         digest.update(f"{file.name}\0{file.stat().st_size}\0".encode())
         with file.open("rb") as stream:
             while chunk := stream.read(1 << 20):
                 digest.update(chunk)
     return digest.hexdigest()
+
+
+def _unstamped(file: Path) -> bytes:
+    """``file``'s JSON object without the transformers version stamp, keys sorted; its bytes
+    as they are where it holds no JSON object."""
+    raw = file.read_bytes()
+    try:
+        content = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return raw
+    if not isinstance(content, dict):
+        return raw
+    content.pop(_VERSION_STAMP, None)
+    return json.dumps(content, sort_keys=True).encode()
 
 
 def _read_json(file: Path, what: str) -> dict[str, Any]:

@@ -42,6 +42,21 @@ def test_digest_follows_config_weights_and_tokenizer_only(
     assert inspect_model(zoo["llama"].path).sha256 != original
 
 
+def test_digest_leaves_out_the_transformers_version_stamp(
+    zoo: dict[str, ModelStats], copy: Path
+) -> None:
+    # save_pretrained stamps the release that wrote the folder: one model built by two
+    # releases (an engine's env pins another) must match the same shipped profile
+    original = inspect_model(zoo["qwen2"].path).sha256
+    _edit_config(copy, transformers_version="0.0.1")
+    generation = json.loads((copy / "generation_config.json").read_text())
+    generation["transformers_version"] = "0.0.1"
+    (copy / "generation_config.json").write_text(json.dumps(generation, indent=4))
+    assert inspect_model(copy).sha256 == original
+    _edit_config(copy, rope_theta=1234.5)
+    assert inspect_model(copy).sha256 != original
+
+
 def _edit_config(copy: Path, **changes: object) -> None:
     config = json.loads((copy / "config.json").read_text())
     (copy / "config.json").write_text(json.dumps({**config, **changes}))
