@@ -131,15 +131,9 @@ def folder_digest(path: Path) -> str:
 
 
 def _unstamped(file: Path) -> bytes:
-    """``file``'s JSON object without the transformers version stamp, keys sorted; its bytes
-    as they are where it holds no JSON object."""
-    raw = file.read_bytes()
-    try:
-        content = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return raw
-    if not isinstance(content, dict):
-        return raw
+    """``file``'s JSON object without the transformers version stamp, keys sorted (read after
+    ``inspect_model`` checked it holds one)."""
+    content = _read_json(file, "a model folder saved by save_pretrained")
     content.pop(_VERSION_STAMP, None)
     return json.dumps(content, sort_keys=True).encode()
 
