@@ -135,6 +135,7 @@ class SGLangEngine(Engine):
         engine, self._engine = self._engine, None
         # SGLang registered shutdown for interpreter exit, with the same blanket kill
         internals.detach(engine)
+        internals.release_ipc(engine)
         for child in self._children:
             with contextlib.suppress(psutil.NoSuchProcess):
                 child.terminate()

@@ -146,9 +146,16 @@ def test_an_sglang_engine_is_detached_from_its_watchdog_and_its_children_stopped
     default_model: Path,
 ) -> None:
     """0.5.22 and 0.5.23 have the subprocess watchdog ``close`` stops before it stops the
-    engine's own scheduler processes; afterwards none of them is left."""
+    engine's own scheduler processes; afterwards none of them is left, and the zmq contexts
+    this process held for the engine are closed (``release_ipc``), none left to the collector."""
     with started("sglang", default_model) as engine:
         children = list(engine._children)
         assert children and all(child.is_running() for child in children)
         assert sglang_internals.subprocess_watchdog(engine._engine) is not None, sglang_version()
+        inner = engine._engine
+        manager = inner.tokenizer_manager
+        sockets = [inner.send_to_rpc, manager.recv_from_detokenizer, manager.send_to_scheduler]
+        assert not any(s.closed or s.context.closed for s in sockets)
     assert not [child for child in children if child.is_running()]
+    assert all(s.closed and s.context.closed for s in sockets)
+    assert all(task.done() for task in manager.asyncio_tasks)
