@@ -36,7 +36,7 @@ def detach(engine: Any) -> bool:
     return True
 
 
-def release_ipc(engine: Any) -> int:
+def release_ipc(engine: Any) -> None:
     """Close the zmq contexts this process holds for ``engine``: ``Engine.send_to_rpc``'s and the
     tokenizer manager's (``recv_from_detokenizer``, ``send_to_scheduler``), 0.5.22 and 0.5.23,
     after cancelling the tokenizer manager's ``asyncio_tasks`` that await those sockets (a task
@@ -45,8 +45,8 @@ def release_ipc(engine: Any) -> int:
     Left to the garbage collector, a context and its sockets die in one reference cycle; the
     collector clears the weak references the context keeps to its sockets first, so the
     context's ``term()`` waits forever for sockets it can no longer close. A pytest run of the
-    SGLang engine tests hung at exit that way, in ``Context.__del__``. Returns the number of
-    contexts closed; attributes a release lacks are skipped."""
+    SGLang engine tests hung at exit that way, in ``Context.__del__``. Attributes a release
+    lacks are skipped."""
     manager = getattr(engine, "tokenizer_manager", None)
     tasks = [task for task in getattr(manager, "asyncio_tasks", ()) if not task.done()]
     for task in tasks:
@@ -63,4 +63,3 @@ def release_ipc(engine: Any) -> int:
     contexts = {id(s.context): s.context for s in sockets if s is not None}
     for context in contexts.values():
         context.destroy(linger=0)
-    return len(contexts)
