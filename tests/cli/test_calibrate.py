@@ -12,7 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.certify_runs import ENGINES, REPO, certify, certify_interrupted, failed_checks
+from support.certify_runs import (
+    ENGINES,
+    REPO,
+    VARIANT_EXAMPLES,
+    certify,
+    certify_interrupted,
+    failed_checks,
+)
 
 from conformance.profiles import load_profile
 
@@ -75,13 +82,20 @@ def test_the_profile_names_what_it_was_measured_on(unseen, calibrated) -> None:
     assert fp32.provenance["command"].startswith(f"tim-conformance calibrate --model {unseen}")
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+#: bf16 at the default 20: at 5 examples a property the sound bf16 stack failed this 2-batch
+#: calibration's pooled bound on multi_turn (chi2_token 0.005805 > 0.0057 over 6 examples, most
+#: of the pool the top-size example's long conversations; measured 2026-11-28, open)
+@pytest.mark.parametrize(
+    ("dtype", "examples"),
+    [("float32", VARIANT_EXAMPLES), ("bfloat16", ())],
+    ids=["float32", "bfloat16"],
+)
 def test_sound_stacks_pass_their_calibrated_profile(
-    unseen, calibrated, dtype, tmp_path, cli_env
+    unseen, calibrated, dtype, examples, tmp_path, cli_env
 ) -> None:
     code, report, output = certify(
         "--model", str(unseen), "--engine-dtype", dtype, "--profile", str(calibrated[dtype]),
-        env=cli_env, out=tmp_path / "run",
+        *examples, env=cli_env, out=tmp_path / "run",
     )  # fmt: skip
     assert code == 0, output[-3000:]
     assert report["profile"]["provenance"]["models"][0]["path"] == str(unseen)
@@ -169,7 +183,7 @@ def test_without_a_profile_a_model_the_shipped_ones_never_saw_gets_its_own(
 ) -> None:
     """The default decided from the transfer and detection tables: calibrate first, once."""
     env = {**cli_env, "TIM_CONFORMANCE_CACHE": str(tmp_path / "cache")}
-    args = ("--model", str(unseen), "--suite", "rollout_parity")
+    args = ("--model", str(unseen), "--suite", "rollout_parity", *VARIANT_EXAMPLES)
     code, report, output = certify(*args, env=env, out=tmp_path / "first")
     assert code == 0, output[-3000:]
     assert "calibrating" in output and "[8/8]" in output and "warning: profile" not in output
@@ -181,7 +195,9 @@ def test_without_a_profile_a_model_the_shipped_ones_never_saw_gets_its_own(
     code, again, output = certify(*args, env=env, out=tmp_path / "second")
     assert code == 0 and "calibrated before" in output and "calibrating" not in output
     assert again["profile"]["source"] == profile["source"]
-    code, embedded, _ = certify("--suite", "rollout_parity", env=env, out=tmp_path / "embedded")
+    code, embedded, _ = certify(
+        "--suite", "rollout_parity", *VARIANT_EXAMPLES, env=env, out=tmp_path / "embedded"
+    )
     assert code == 0 and embedded["profile"]["name"] == "fp32"
 
 

@@ -9,7 +9,7 @@ incomplete (exit 2)."""
 from __future__ import annotations
 
 import pytest
-from support.certify_runs import ENGINES, certify, failed_checks
+from support.certify_runs import ENGINES, VARIANT_EXAMPLES, certify, failed_checks
 from test_verdicts import NAMED_CAUSES
 
 pytestmark = pytest.mark.slow
@@ -69,7 +69,7 @@ PARTIAL = ("--suite", "routing", "--suite", "rollout_parity")
 )
 def test_the_sound_moe_stack_is_certified(tmp_path, cli_env, dtype, profile, suites):
     code, report, output = certify(
-        *MOE, "--engine-dtype", dtype, *suites, env=cli_env, out=tmp_path / "run"
+        *MOE, "--engine-dtype", dtype, *suites, *VARIANT_EXAMPLES, env=cli_env, out=tmp_path / "run"
     )
     assert code == 0, output[-3000:]
     assert report["verdict"] == "pass"

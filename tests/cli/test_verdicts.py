@@ -14,7 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
-from support.certify_runs import ENGINES, REPO, certify, certify_interrupted, failed_checks
+from support.certify_runs import (
+    ENGINES,
+    REPO,
+    VARIANT_EXAMPLES,
+    certify,
+    certify_interrupted,
+    failed_checks,
+)
 
 from conformance.depth import DEPTHS
 from conformance.metric_table import METRIC_NAMES, metric
@@ -235,7 +242,7 @@ CONTROLS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("args", CONTROLS.values(), ids=CONTROLS.keys())
 def test_each_sound_stack_is_certified(tmp_path, cli_env, args):
-    code, report, output = certify(*args, env=cli_env, out=tmp_path / "run")
+    code, report, output = certify(*args, *VARIANT_EXAMPLES, env=cli_env, out=tmp_path / "run")
     assert code == 0, output[-3000:]
     assert report["verdict"] == "pass"
     assert not failed_checks(report)

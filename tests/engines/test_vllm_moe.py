@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+from support.certify_runs import VARIANT_EXAMPLES
 from test_vllm_controls import REPO, RUN_TIMEOUT_S, environment
 
 from conformance.engines._vllm_common import NO_ROUTES
@@ -42,7 +43,7 @@ def test_vllm_moe_passes_every_suite_but_the_weight_sync_it_breaks(
     result = subprocess.run(
         [sys.executable, "-m", "conformance", "certify", "--engine", "vllm",
          "--model", "embedded:moe", "--engine-dtype", dtype, "--out", str(out),
-         *(a for s in suites for a in ("--suite", s))],
+         *VARIANT_EXAMPLES, *(a for s in suites for a in ("--suite", s))],
         capture_output=True, text=True, cwd=REPO, env=environment(), timeout=2 * RUN_TIMEOUT_S,
     )  # fmt: skip
     output = result.stdout + result.stderr
