@@ -82,9 +82,9 @@ def test_the_profile_names_what_it_was_measured_on(unseen, calibrated) -> None:
     assert fp32.provenance["command"].startswith(f"tim-conformance calibrate --model {unseen}")
 
 
-#: bf16 at the default 20: at 5 examples a property the sound bf16 stack failed this 2-batch
-#: calibration's pooled bound on multi_turn (chi2_token 0.005805 > 0.0057 over 6 examples, most
-#: of the pool the top-size example's long conversations; measured 2026-11-28, open)
+#: bf16 at the default 20: at 5 examples a property the sound bf16 stack failed this small
+#: calibration's chi2_token bound on multi_turn (0.00580 > 0.0057 over a pool of 378 tokens),
+#: a bound on a pool's mean set like a per-token one (docs/profiles.md, "Open: a small pool's")
 @pytest.mark.parametrize(
     ("dtype", "examples"),
     [("float32", VARIANT_EXAMPLES), ("bfloat16", ())],
