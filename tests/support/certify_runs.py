@@ -13,8 +13,8 @@ REPO = Path(__file__).resolve().parents[2]
 ENGINES = "tests.support.engines:"
 #: examples a property when CI certifies a sound stack other than the default one: each property
 #: still runs its example at the top sizes and four drawn ones. The default stack certifies at
-#: the default 20 (tests/cli/test_certify.py), as do the suites against each real engine (tox's
-#: vllm and sglang envs); with every variant at 20 too, CI took 83 minutes on two cores.
+#: the default 20 (tests/cli/test_certify.py), as do the suites against vLLM (tox's vllm env);
+#: 20 for every variant too would take CI well past an hour on two cores.
 VARIANT_EXAMPLES = ("--examples", "5")
 
 
