@@ -63,6 +63,15 @@ class Metric:
     #: that must stay 0, a p-value above the test's share of the run's false alarms), never by
     #: a profile
     family: Literal["mismatch", "routing", "property"] = "mismatch"
+    #: a pooled mean of a quantity that moves this many times as far as log ρ near ρ = 1
+    #: (ρ − 1 ≈ log ρ, ρ² − 1 ≈ 2 log ρ): over n tokens whose log ρ spreads by σ it strays from
+    #: its ideal by ≈ slope·σ/√n to either side, so a profile's bound on it is at least a few
+    #: of those standard errors (``Profile.bounds``)
+    noise_slope: float | None = None
+    #: averaged over one side of the routing split alone, the tokens whose routes ``flipped``
+    #: in some MoE layer or ``kept`` in every one: a profile judges it by that side's own
+    #: number of tokens (:func:`tokens_averaged`)
+    part: Literal["flipped", "kept"] | None = None
 
     def deviation(self, value: float) -> float:
         """Distance from the ideal value (NaN stays NaN)."""
@@ -106,7 +115,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("prob_diff_max", 0.0, "max", "example", "max |π_train − π_infer|", "verl",
            exp_scale=True),
     Metric("rho_mean", 1.0, "abs", "pooled", "mean ρ", "objective-level hacking App. B.1",
-           exp_scale=True),
+           exp_scale=True, noise_slope=1.0),
     Metric("rho_std", 0.0, "max", "pooled", "std of ρ: the mismatch",
            "objective-level hacking §2", headline=True, exp_scale=True),
     Metric("rho_max", 1.0, "max", "example", "max ρ", "objective-level hacking App. B.1",
@@ -121,7 +130,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("log_ppl_abs_diff_per_sqrt_len", 0.0, "max", "pooled",
            "mean over sequences of |Σ_t log ρ| / √T: length-free for independent per-token "
            "noise, growing as √T under a per-token bias", "lr-scheduling Eq. 8, scaled"),
-    Metric("k1", 0.0, "abs", "pooled", "mean −log ρ (KL estimator)", "verl rollout_corr"),
+    Metric("k1", 0.0, "abs", "pooled", "mean −log ρ (KL estimator)", "verl rollout_corr",
+           noise_slope=1.0),
     Metric("log_ratio_sum_per_sqrt_tokens", 0.0, "max", "pooled",
            "|Σ log ρ| / √n over the n pooled tokens (|k1|·√n): ≈ σ·|z| for unbiased per-token "
            "noise at any pool size, b·√n under a per-token bias b, so a large pool sees a bias "
@@ -129,7 +139,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("k2", 0.0, "max", "pooled", "mean ½(log ρ)² (KL estimator)", "verl rollout_corr"),
     Metric("k3", 0.0, "max", "pooled", "mean ρ − 1 − log ρ (KL estimator)",
            "verl rollout_corr, SGLang", headline=True, exp_scale=True),
-    Metric("chi2_token", 0.0, "abs", "pooled", "E[ρ²] − 1", "verl", exp_scale=True),
+    Metric("chi2_token", 0.0, "abs", "pooled", "E[ρ²] − 1", "verl", exp_scale=True,
+           noise_slope=2.0),
     Metric("token_mult_prob_error", 1.0, "max", "pooled", "mean exp(|log ρ|)",
            "NeMo-RL, Megatron", exp_scale=True),
     Metric("exact_match_rate", 1.0, "min", "pooled",
@@ -148,10 +159,10 @@ METRICS: tuple[Metric, ...] = (
            family="routing"),
     Metric("abs_diff_mean_route_kept", 0.0, "max", "pooled",
            "mean |log ρ| over tokens routed alike in every layer", "R3, Miles #2722",
-           family="routing"),
+           family="routing", part="kept"),
     Metric("abs_diff_mean_route_flipped", 0.0, "max", "pooled",
            "mean |log ρ| over tokens with a routing flip", "R3, Miles #2722",
-           family="routing"),
+           family="routing", part="flipped"),
     # the properties' own findings (conformance.recorder.Recorder.fail's ``breach``)
     Metric("out_of_support_tokens", 0.0, "max", "example",
            "sampled tokens outside the stated sampler's support: processed probability 0, "
@@ -220,6 +231,22 @@ def metric(name: str) -> Metric:
         return BY_NAME[name]
     except KeyError:
         raise KeyError(f"unknown metric {name!r}; known: {', '.join(METRIC_NAMES)}") from None
+
+
+def tokens_averaged(name: str, metrics: Mapping[str, float], tokens: int) -> int:
+    """How many of a pool's ``tokens`` the metric ``name`` averages: all of them, or for a
+    mean over one side of the routing split (``Metric.part``) that side's, from the pool's
+    flipped share ``route_flip_tokens`` (all of them where that was not measured).
+
+    >>> tokens_averaged("abs_diff_mean_route_flipped", {"route_flip_tokens": 0.25}, 12)
+    3
+    """
+    part = metric(name).part
+    share = metrics.get("route_flip_tokens")
+    if part is None or share is None or not math.isfinite(share):
+        return tokens
+    flipped = round(share * tokens)
+    return flipped if part == "flipped" else tokens - flipped
 
 
 def worst(name: str, values: Iterable[object]) -> float | None:

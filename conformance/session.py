@@ -319,7 +319,9 @@ class HarnessSession:
             metrics=metrics,
             tokens=tokens,
             thresholds={
-                k: v for k, v in self.profile.bounds(record.suite, tokens).items() if k in metrics
+                k: v
+                for k, v in self.profile.bounds(record.suite, tokens, metrics).items()
+                if k in metrics
             },
             violations=[Violation.of(b) for b in self._breaches(record, outcome, metrics, tokens)],
             not_judged=self.profile.unjudged(metrics, tokens=tokens, suite=record.suite),

@@ -16,12 +16,16 @@ base bounds. ``min_pooled_tokens`` is the fewest tokens a pooled bound (an avera
 correlation) is judged on: a calibrated profile sets it to the smallest pool its bounds were
 measured on; a mean over fewer tokens strays further from its ideal than the calibration saw
 (one token's log-ratio is its own mean), so such a pool is reported but not judged
-(:meth:`Profile.unjudged` says so, per metric). A bound widened for the smaller pool was
-measured and not adopted: every broken engine's pool of 4 or more tokens it failed already broke
-a per-example bound, and at one or two tokens it failed sound pools (docs/report-json.md, "Small
-pools"). ``[provenance]`` is what ``tim-conformance calibrate`` measured the profile on: the
-models' sha256, the device, the versions, sizes and seeds. Metric names, which side of a
-threshold is a violation and which metrics are pooled come from :mod:`conformance.metric_table`.
+(:meth:`Profile.unjudged` says so, per metric); a mean over one side of the routing split is
+judged by that side's own number of tokens. A bound widened for the smaller pool was measured
+and not adopted: every broken engine's pool of 4 or more tokens it failed already broke a
+per-example bound, and at one or two tokens it failed sound pools (docs/report-json.md, "Small
+pools"). A signed mean (mean ρ, k1, χ²) is held to at least ``MEAN_NOISE_SIGMAS`` standard
+errors of the pool's own mean (:func:`mean_noise_bound`): a calibration's few batches can set
+its bound inside a judged pool's noise. ``[provenance]`` is what ``tim-conformance calibrate``
+measured the profile on: the models' sha256, the device, the versions, sizes and seeds. Metric
+names, which side of a threshold is a violation and which metrics are pooled come from
+:mod:`conformance.metric_table`.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from typing import Any
 
 from conformance import releases
 from conformance.errors import ProfileError
-from conformance.metric_table import METRIC_NAMES, Breach, metric
+from conformance.metric_table import METRIC_NAMES, Breach, metric, tokens_averaged
 
 _HERE = Path(__file__).parent
 #: suite tables a profile no longer applies (deprecated, warned about and ignored on load)
@@ -57,10 +61,16 @@ class Profile:
     #: suite name → the bounds that replace the base ones for that suite (``[suites.NAME]``)
     suites: dict[str, dict[str, float]] = field(default_factory=dict)
 
-    def bounds(self, suite: str | None = None, tokens: int | None = None) -> dict[str, float]:
+    def bounds(
+        self,
+        suite: str | None = None,
+        tokens: int | None = None,
+        metrics: Mapping[str, float] | None = None,
+    ) -> dict[str, float]:
         """The bounds ``suite``'s pool of ``tokens`` tokens is held to: the base ones with the
         suite's own table replacing them, the pool-scaled ones grown past
-        ``max_pooled_tokens``."""
+        ``max_pooled_tokens``, and, where the pool's ``metrics`` hold its spread k2, the signed
+        means' at least :func:`mean_noise_bound`."""
         merged = self.thresholds | self.suites.get(suite or "", {})
         # ±inf in a suite's table lifts the base bound for that suite
         bounds = {name: value for name, value in merged.items() if math.isfinite(value)}
@@ -69,6 +79,15 @@ class Profile:
             for name, threshold in bounds.items():
                 if metric(name).pool_scaled:
                     bounds[name] = threshold * grow
+        k2 = (metrics or {}).get("k2")
+        if tokens and k2 is not None and math.isfinite(k2):
+            for name, threshold in bounds.items():
+                fact = metric(name)
+                if fact.noise_slope is None:
+                    continue
+                floor = mean_noise_bound(fact.noise_slope, k2, tokens)
+                if floor > fact.deviation(threshold):
+                    bounds[name] = fact.ideal + floor
         return bounds
 
     def foreign_to(self, model_sha256: str, device: Mapping[str, Any]) -> str | None:
@@ -94,40 +113,49 @@ class Profile:
         (``None``: a pool of unknown size, judged)."""
         return tokens is None or tokens >= self.min_pooled_tokens
 
-    def small_pool(self, tokens: int | None) -> str:
-        """Why a pool of ``tokens`` tokens is not held to the pooled bounds, in a phrase
-        (empty when it is: :meth:`judges_pool`)."""
+    def small_pool(self, tokens: int | None, of: int | None = None) -> str:
+        """Why a pool of ``tokens`` tokens (``of`` a larger pool, for a mean over part of it) is
+        not held to the pooled bounds, in a phrase (empty when it is: :meth:`judges_pool`)."""
         if self.judges_pool(tokens):
             return ""
+        pool = (
+            f"{tokens} of the pool's {of} tokens"
+            if of is not None and of != tokens
+            else f"pool of {tokens} token{'s' * (tokens != 1)}"
+        )
         return (
-            f"pool of {tokens} token{'s' * (tokens != 1)}, below profile {self.name}'s "
-            f"min_pooled_tokens {self.min_pooled_tokens} (the smallest pool its pooled bounds "
-            "are calibrated on)"
+            f"{pool}, below profile {self.name}'s min_pooled_tokens {self.min_pooled_tokens} "
+            "(the smallest pool its pooled bounds are calibrated on)"
         )
 
     def unjudged(
         self, metrics: Mapping[str, float], *, tokens: int | None = None, suite: str | None = None
     ) -> dict[str, str]:
         """Of the metrics both measured and bounded, those :meth:`check` does not hold to their
-        bound, each with why (the pooled ones of a pool too small: :meth:`small_pool`)."""
-        why = self.small_pool(tokens)
-        if not why:
+        bound, each with why: the pooled ones of a pool too small (:meth:`small_pool`), and a
+        mean over one side of the routing split where that side is
+        (:func:`~conformance.metric_table.tokens_averaged`: a sound fp16 MoE stack's mean over
+        the 3 flipped tokens of a 6,266-token pool read 0.81 against a bound of 0.72)."""
+        if tokens is None:
             return {}
-        return {
-            name: why
-            for name in self.bounds(suite, tokens)
-            if name in metrics and metric(name).scope == "pooled"
-        }
+        found = {}
+        for name in self.bounds(suite, tokens):
+            if name not in metrics or metric(name).scope != "pooled":
+                continue
+            if why := self.small_pool(tokens_averaged(name, metrics, tokens), of=tokens):
+                found[name] = why
+        return found
 
     def check(
         self, metrics: Mapping[str, float], *, tokens: int | None = None, suite: str | None = None
     ) -> list[Breach]:
         """Violations among the metrics both measured and bounded (by :meth:`bounds`); NaN
         always violates. ``tokens`` is how many tokens ``metrics`` pool: the metrics
-        :meth:`unjudged` names (the pooled ones of a pool too small) are left out."""
+        :meth:`unjudged` names (the pooled ones of a pool too small) are left out, and the
+        signed means are held to at least their noise over the pool (:meth:`bounds`)."""
         violations = []
         unjudged = self.unjudged(metrics, tokens=tokens, suite=suite)
-        for name, threshold in self.bounds(suite, tokens).items():
+        for name, threshold in self.bounds(suite, tokens, metrics).items():
             if name not in metrics or name in unjudged:
                 continue
             fact, value = metric(name), float(metrics[name])
@@ -136,6 +164,27 @@ class Profile:
                     Breach(metric=name, value=value, threshold=threshold, bound=fact.bound)
                 )
         return violations
+
+
+#: standard errors of a pool's mean that a signed mean's bound leaves at least: one rollout's
+#: tokens are not independent draws (a stack's mismatch drifts along a sequence), so the
+#: error computed as if they were understates the noise; the shipped ``bf16`` profile's k1 bound,
+#: set by 24 batches, sits at 7.8 of them over 256 tokens at its measured worst spread
+MEAN_NOISE_SIGMAS = 7.0
+
+
+def mean_noise_bound(slope: float, k2: float, tokens: int) -> float:
+    """The least distance from its ideal that a signed mean over ``tokens`` tokens is held
+    to: ``MEAN_NOISE_SIGMAS`` · slope · σ/√n, σ = √(2·k2) the pool's rms log ρ (k2 = mean
+    ½(log ρ)²), slope the mean's first-order move per unit of log ρ (``Metric.noise_slope``).
+    Over n tokens whose log ρ spreads by σ, a mean of log ρ has standard error σ/√n
+    (central limit theorem): a sound bf16 stack's mean ρ over a 378-token pool strayed 1.6
+    of those from 1, past a bound 3 × a calibration's worst set, measured on 2 small batches.
+
+    >>> round(mean_noise_bound(2.0, 0.03**2 / 2, 256), 6)
+    0.02625
+    """
+    return MEAN_NOISE_SIGMAS * slope * math.sqrt(2 * max(k2, 0.0) / tokens)
 
 
 def available_profiles() -> list[str]:

@@ -146,7 +146,7 @@ class Check(Record):
     #: how many distinct tokens ``metrics`` pool (a token measured again in the same context
     #: counts once; files from before it lack it: pools of unknown size)
     tokens: int | None = None
-    #: the profile's thresholds of the measured metrics
+    #: the bounds the measured metrics were held to (``Profile.bounds`` of this pool)
     thresholds: dict[str, float] = field(default_factory=dict)
     violations: list[Violation] = field(default_factory=list)
     #: metric → why the profile did not hold it to its threshold (the pooled metrics of a pool

@@ -241,6 +241,53 @@ def test_a_pool_below_the_calibrated_size_is_held_to_the_per_example_bounds_only
     assert {v.metric for v in fp32.check(far, tokens=1)} == {"abs_diff_max"}
 
 
+def test_a_signed_mean_is_judged_past_its_noise_over_the_pool(tmp_path) -> None:
+    """A few batches' worst mean can sit inside a small pool's noise: a sound bf16 stack's
+    378-token pool read χ² 0.0058 against 3 × a worst of 0.0019 from two small batches. Under
+    bounds that tight, sound 256-token pools whose log ρ spreads by 0.03 a token pass (the
+    signed means are held to ``MEAN_NOISE_SIGMAS`` standard errors at least), though most stray
+    past the bounds as written; a bias of one σ a token, 16 standard errors, still fails."""
+    from conformance.profiles import MEAN_NOISE_SIGMAS
+
+    path = tmp_path / "tight.toml"
+    path.write_text("min_pooled_tokens = 256\nk1 = 3e-4\nrho_mean = 1.0003\nchi2_token = 6e-4\n")
+    profile = load_profile(path)
+    signed = {m.name for m in METRICS if m.noise_slope}
+    assert signed == {"rho_mean", "k1", "chi2_token"}
+    sigma, pool, stray = 0.03, 256, 0
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.ones(1, pool, dtype=torch.bool)
+    for _ in range(200):
+        lp = -torch.rand(1, pool, generator=gen, dtype=torch.float64) * 5
+        noise = torch.randn(1, pool, generator=gen, dtype=torch.float64) * sigma
+        found = mismatch_metrics(lp + noise, lp, mask)
+        assert not profile.check(found, tokens=pool)
+        stray += bool(profile.check(found))  # the bounds as written, no pool size to scale by
+        floor = profile.bounds(tokens=pool, metrics=found)["k1"]
+        assert floor == pytest.approx(MEAN_NOISE_SIGMAS * math.sqrt(2 * found["k2"] / pool))
+    assert stray > 150
+    biased = mismatch_metrics(lp + noise + sigma, lp, mask)
+    assert {v.metric for v in profile.check(biased, tokens=pool)} == signed
+
+
+def test_a_mean_over_one_side_of_the_routing_split_is_judged_by_that_side_s_size() -> None:
+    """A sound fp16 MoE stack's mean |log ρ| over the 3 flipped tokens of a 6,266-token pool
+    read 0.81 against 0.72: a mean of 3 tokens, judged as if it were the pool's. The flipped
+    side is judged from ``min_pooled_tokens`` flipped tokens on, and says why it is not below;
+    the kept side likewise."""
+    profile = load_profile("moe-fp16")
+    bound = profile.thresholds["abs_diff_mean_route_flipped"]
+    pool, few = 6266, {"route_flip_tokens": 3 / 6266, "abs_diff_mean_route_flipped": 2 * bound}
+    assert profile.check(few) and not profile.check(few, tokens=pool)
+    why = profile.unjudged(few, tokens=pool)
+    assert set(why) == {"abs_diff_mean_route_flipped"}
+    assert f"3 of the pool's {pool} tokens" in why["abs_diff_mean_route_flipped"]
+    many = {**few, "route_flip_tokens": profile.min_pooled_tokens / pool}
+    assert "abs_diff_mean_route_flipped" in {v.metric for v in profile.check(many, tokens=pool)}
+    kept = {"route_flip_tokens": 1 - 3 / pool, "abs_diff_mean_route_kept": 1.0}
+    assert set(profile.unjudged(kept, tokens=pool)) == {"abs_diff_mean_route_kept"}
+
+
 def test_what_check_leaves_out_of_a_small_pool_is_named_with_why() -> None:
     """``unjudged`` names exactly the bounded metrics ``check`` skips — the pooled ones, and
     only below ``min_pooled_tokens`` — each with the pool's size and the profile's minimum."""
