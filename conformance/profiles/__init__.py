@@ -133,7 +133,7 @@ class Profile:
     ) -> dict[str, str]:
         """Of the metrics both measured and bounded, those :meth:`check` does not hold to their
         bound, each with why: the pooled ones of a pool too small (:meth:`small_pool`), and a
-        mean over one side of the routing split where that side is
+        mean over one side of the routing split where that side holds too few tokens
         (:func:`~conformance.metric_table.tokens_averaged`: a sound fp16 MoE stack's mean over
         the 3 flipped tokens of a 6,266-token pool read 0.81 against a bound of 0.72)."""
         if tokens is None:
