@@ -182,14 +182,24 @@ class PartialRefit(HFGenerateEngine):
 
 
 class RunToRunNoise(HFGenerateEngine):
-    """Scores that change from run to run by up to 1e-4 nats (an unseeded, non-deterministic
-    reduction)."""
+    """Log-probs that change from run to run by up to 1e-4 nats (an unseeded, non-deterministic
+    reduction), in scoring and in the rollouts' reported log-probs alike: the reduction is the
+    forward's, whichever call runs it."""
 
     name = "run-to-run-noise"
 
+    @staticmethod
+    def _jitter(row: Sequence[float], jitter: random.Random) -> list[float]:
+        return [v + jitter.uniform(-1e-4, 1e-4) for v in row]
+
     def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
         jitter = random.Random(time.perf_counter_ns())
-        return [[v + jitter.uniform(-1e-4, 1e-4) for v in row] for row in super().score(sequences)]
+        return [self._jitter(row, jitter) for row in super().score(sequences)]
+
+    def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
+        jitter = random.Random(time.perf_counter_ns())
+        completions = super().generate(prompts, spec, **kw)
+        return _edit_logprobs(completions, lambda c: self._jitter(c.logprobs, jitter))
 
 
 class ArgmaxLogprob(HFGenerateEngine):
