@@ -158,6 +158,17 @@ def sample_groups(
     return [batch[i] for i in range(len(prompts)) for batch in per_child]
 
 
+def caches_prefixes(engine: Any) -> bool:
+    """Whether ``engine`` runs with its prefix cache on: false only where one of its options
+    holds another value than ``Engine.PREFIX_CACHE`` names (both server engines' defaults keep
+    the cache on). An engine that declares no such option may cache or not, so it counts as
+    caching: a suite then plans for a cache it cannot rule out."""
+    options = engine.config.options
+    return not any(
+        k in options and str(options[k]).lower() != v for k, v in engine.PREFIX_CACHE.items()
+    )
+
+
 def generated_rows(
     completions: Sequence[Completion], recomputed: Sequence[Any]
 ) -> tuple[list[list[float]], list[list[float]], list[list[int]]]:

@@ -1,16 +1,17 @@
 """Engine knobs as property dimensions.
 
-Scheduling and caching settings are meant to change speed, not numbers. Each engine declares
-its knobs and the values to try (``Engine.knobs()``; vLLM: chunked prefill and its chunk size,
-prefix caching, max_num_seqs, eager vs compiled; SGLang: radix cache, chunked prefill size,
+Scheduling and caching settings are meant to change speed, not numbers. Each engine declares its
+knobs and the values to try (``Engine.knobs()``; vLLM: chunked prefill and its chunk size, prefix
+caching, max_num_seqs, eager vs compiled; SGLang: radix cache, chunked prefill size,
 max_running_requests). Every value runs in one of at most three variant engines, each holding
 several knobs at once (``conformance.knobs.cover``). A variant scores the same sequences as the
 session's engine, and samples rollouts that the session's engine rescores, within the active
-profile. Rollouts run twice so that, with prefix caching on, the second pass reads its prompts
-from the cache: a cache hit must not change logprobs beyond the profile. A variant that fails
-replays its minimal case on the session's engine first (the control: a case the unmodified engine
-fails too is the engine's defect, reported as such, not a knob's), then on engines holding parts
-of its knobs, so the failure names the knob.
+profile. A variant that keeps its prefix cache on samples its rollouts twice, so that the second
+pass reads its prompts from the cache: a cache hit must not change logprobs beyond the profile (one
+with the cache off samples them once: a second pass would only repeat the first, which the
+determinism suite checks). A variant that fails replays its minimal case on the session's engine
+first (the control: a case the unmodified engine fails too is the engine's defect, reported as
+such, not a knob's), then on engines holding parts of its knobs, so the failure names the knob.
 A rollout a variant cannot sample (vLLM on CPU cannot seed a prefill its budget splits into
 chunks) leaves that example scored only, and the passing check says how many did.
 """
@@ -23,19 +24,25 @@ from hypothesis import strategies as st
 
 from conformance.knobs import MAX_VARIANTS, cover, smallest_failing, with_requirements
 from conformance.outcome import ProfileViolation, first_line
-from conformance.suite_support import generated_rows, prompt_batches, rollout_specs
+from conformance.suite_support import (
+    caches_prefixes,
+    generated_rows,
+    prompt_batches,
+    rollout_specs,
+)
 
 
 def compare(
     reference: Any, variant: Any, prompts: list[list[int]], spec: Any, unsampled: list[str]
 ) -> list[tuple]:
     """(lp_train, lp_infer, positions) of the variant against the session's engine: the
-    variant's scores of ``prompts`` (no ``spec``), or its rollouts, twice, rescored. A rollout
-    the variant cannot sample adds the engine's reason to ``unsampled``."""
+    variant's scores of ``prompts`` (no ``spec``), or its rollouts rescored, twice where it
+    keeps a prefix cache the second pass reads. A rollout the variant cannot sample adds the
+    engine's reason to ``unsampled``."""
     if spec is None:
         return [(reference.score(prompts), variant.score(prompts), None)]
     rows = []
-    for _ in range(2):
+    for _ in range(2 if caches_prefixes(variant) else 1):
         try:
             completions = variant.generate(prompts, spec)
         except NotImplementedError as exc:

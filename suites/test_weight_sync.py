@@ -27,7 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.strategies import sampling_specs, token_sequences
-from conformance.suite_support import agreeing_rows, prompt_batches
+from conformance.suite_support import agreeing_rows, caches_prefixes, prompt_batches
 from conformance.weights import perturbed, read_weights, write_model
 
 #: what a failure names the two sides of each comparison
@@ -47,10 +47,7 @@ def cache_options(engine):
     """The option changes that turn the engine's prefix cache on where the stack turns it off
     (an option set to another value than ``PREFIX_CACHE`` holds; both engines' defaults keep
     it on): none otherwise."""
-    options = engine.config.options
-    if any(k in options and str(options[k]).lower() != v for k, v in engine.PREFIX_CACHE.items()):
-        return dict(engine.PREFIX_CACHE)
-    return {}
+    return {} if caches_prefixes(engine) else dict(engine.PREFIX_CACHE)
 
 
 @pytest.fixture(scope="module")
