@@ -52,7 +52,7 @@ def replay(case: dict, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 
 #: engine, the suites that run, the suite(s) of which at least one must catch it, and a phrase
-#: the failure message must carry
+#: the failure message must carry (or phrases, one of which it must)
 DEFECTS = [
     ("OffByOne", ["rollout_parity"], {"rollout_parity"}, "abs_diff_max"),
     ("ProcessedLogprobs", ["logprob_semantics"], {"logprob_semantics"}, "PROCESSED"),
@@ -69,7 +69,14 @@ DEFECTS = [
     ("PartialRefit", ["weight_sync"], {"weight_sync"}, "abs_diff_max"),
     ("RunToRunNoise", ["determinism"], {"determinism"}, "profile fp32"),
     ("ArgmaxLogprob", ["rollout_parity"], {"rollout_parity"}, "abs_diff_max"),
-    ("StaleGroupLogprobs", ["rollout_parity"], {"rollout_parity"}, "profile fp32"),
+    # a child whose length differs from the first child's gets the wrong number of log-probs:
+    # which of the two forms the shrunk case takes depends on how far the 20 s of shrinking get
+    (
+        "StaleGroupLogprobs",
+        ["rollout_parity"],
+        {"rollout_parity"},
+        ("profile fp32", "malformed_answers"),
+    ),
     # rows in the wrong order have the wrong lengths: the shrunk case is a protocol violation
     ("ShuffledOrder", ["prefill_parity"], {"prefill_parity"}, "returned rows of"),
     # right raw log-probs, tokens sampled from another distribution
@@ -129,7 +136,8 @@ def test_each_defect_is_not_certified_with_a_shrunk_case(
         assert check["violations"], check["message"]
         for v in check["violations"]:
             assert metric(v["metric"]).violates(v["value"], v["threshold"]), v
-    assert any(phrase in c["message"] for c in failed), [c["message"] for c in failed]
+    phrases = (phrase,) if isinstance(phrase, str) else phrase
+    assert any(p in c["message"] for c in failed for p in phrases), [c["message"] for c in failed]
 
 
 @pytest.mark.slow
