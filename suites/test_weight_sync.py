@@ -45,8 +45,7 @@ def original_weights(model):
 @pytest.fixture(scope="module")
 def cache_options(engine):
     """The option changes that turn the engine's prefix cache on where the stack turns it off
-    (an option set to another value than ``PREFIX_CACHE`` holds; both engines' defaults keep
-    it on): none otherwise."""
+    (``caches_prefixes``): none otherwise."""
     return {} if caches_prefixes(engine) else dict(engine.PREFIX_CACHE)
 
 
