@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import signal
+import threading
 from typing import Any
 
 log = logging.getLogger("conformance.engines.sglang")
@@ -34,6 +36,43 @@ def detach(engine: Any) -> bool:
         return False
     watchdog.stop()
     return True
+
+
+def sigterm_handler() -> Any:
+    """This process's SIGTERM handler, to give :func:`keep_sigterm` (read before the engine
+    starts). ``None`` where it was not set from Python."""
+    return signal.getsignal(signal.SIGTERM)
+
+
+def keep_sigterm(engine: Any, handler: Any) -> bool:
+    """Put ``handler`` (:func:`sigterm_handler`, the harness's: it ends the session as Ctrl-C
+    does and writes the report) back as SIGTERM's handler in place of the one SGLang installs
+    on its event loop. Returns whether SGLang's was removed.
+
+    ``TokenizerManager.auto_create_handle_loop`` (0.5.22, 0.5.23), run on an engine's first
+    request, adds a loop handler for SIGTERM that only flags a graceful exit for its own
+    ``sigterm_watchdog`` (which drains requests, then kills this process's children), so a
+    SIGTERM mid-run (CI's timeout) never ended the session: on 0.5.23, a certify sent SIGTERM
+    after its first example went on through all 500 and exited 0 with its verdict. The handling
+    is set up here, before any request, on the loop ``Engine.loop`` runs requests on (outside a
+    running loop, SGLang would make a new one that nothing runs), and SGLang's handler removed.
+    A release without these parts, or a call off the main thread (where SGLang adds no
+    handler), leaves things as they are."""
+    manager = getattr(engine, "tokenizer_manager", None)
+    create = getattr(manager, "auto_create_handle_loop", None)
+    loop = getattr(engine, "loop", None)
+    if create is None or loop is None or threading.current_thread() is not threading.main_thread():
+        return False
+
+    async def create_on_the_engines_loop() -> bool:
+        create()
+        # uvloop's loop (SGLang's) removes a handler only while it runs
+        return asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
+
+    removed = loop.run_until_complete(create_on_the_engines_loop())
+    if removed:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if handler is None else handler)
+    return removed
 
 
 def release_ipc(engine: Any) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from conformance.engines import _sglang_common as common
 from conformance.engines import _sglang_internals as internals
+from conformance.engines._interrupts import interrupts_held
 from conformance.engines.base import (
     Completion,
     Engine,
@@ -65,6 +66,7 @@ class SGLangEngine(Engine):
         import psutil
 
         before = {p.pid for p in psutil.Process().children(recursive=True)}
+        sigterm = internals.sigterm_handler()
         try:
             self._engine = sglang.Engine(**common.server_args(config, self.options))
         except RuntimeError as exc:
@@ -76,10 +78,12 @@ class SGLangEngine(Engine):
         self._children = [
             p for p in psutil.Process().children(recursive=True) if p.pid not in before
         ]
+        internals.keep_sigterm(self._engine, sigterm)
 
     def _run(self, request: dict[str, Any]) -> list[dict[str, Any]]:
         """The engine's replies to ``request``, their retractions counted."""
-        return self._retractions.add(self._engine.generate(**request))
+        with interrupts_held():
+            return self._retractions.add(self._engine.generate(**request))
 
     def generate(
         self, prompts: TokenBatch, spec: SamplingSpec, *, top_logprobs: int = 0
@@ -111,11 +115,12 @@ class SGLangEngine(Engine):
         maps checkpoint names onto its fused layers; the prefix cache is flushed with it. SGLang
         takes updates only inside a begin/end weight-update session.
         """
-        self._engine.begin_weight_update()
-        try:
-            success, message = self._engine.update_weights_from_tensor(list(state_dict.items()))
-        finally:
-            self._engine.end_weight_update()
+        with interrupts_held():
+            self._engine.begin_weight_update()
+            try:
+                success, message = self._engine.update_weights_from_tensor(list(state_dict.items()))
+            finally:
+                self._engine.end_weight_update()
         if not success:
             raise EngineCrashed(f"SGLang did not take the new weights: {message}", "check names")
 

@@ -56,6 +56,15 @@ def test_an_sglang_engine_without_a_watchdog_is_detached_without_error() -> None
     assert sglang_internals.detach(Released()) is False
 
 
+def test_an_sglang_engine_without_a_handle_loop_leaves_sigterm_as_it_is() -> None:
+    """A release whose tokenizer manager has no ``auto_create_handle_loop``: nothing swapped."""
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert sglang_internals.keep_sigterm(_Held(), None) is False
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_an_engine_without_the_internals_is_released_and_shut_down_without_error() -> None:
     """An ``LLM`` whose release moved ``llm_engine.engine_core``: close degrades, never raises."""
     llm = _Held()
@@ -159,3 +168,32 @@ def test_an_sglang_engine_is_detached_from_its_watchdog_and_its_children_stopped
     assert not [child for child in children if child.is_running()]
     assert all(s.closed and s.context.closed for s in sockets)
     assert all(task.done() for task in manager.asyncio_tasks)
+
+
+class _Signalled(Exception):
+    """Raised by the SIGTERM handler a test sets in place of the harness's."""
+
+
+@on_sglang
+def test_sigterm_reaches_the_handler_set_before_an_sglang_engine_started(
+    default_model: Path,
+) -> None:
+    """0.5.22 and 0.5.23 add a SIGTERM handler to their event loop on an engine's first request,
+    one that only flags a graceful exit (``keep_sigterm``). After the engine has served a
+    request, a SIGTERM still reaches the handler this process had before it started."""
+    import os
+    import signal
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Signalled
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        with started("sglang", default_model) as engine:
+            engine.generate([[5, 6, 7, 8]], SamplingSpec(max_new_tokens=4, seed=3))
+            assert signal.getsignal(signal.SIGTERM) is handler, sglang_version()
+            with pytest.raises(_Signalled):
+                os.kill(os.getpid(), signal.SIGTERM)
+                engine.generate([[5, 6, 7, 8]], SamplingSpec(max_new_tokens=4, seed=3))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
