@@ -12,7 +12,6 @@ from typing import Any
 
 from conformance.engines import _sglang_common as common
 from conformance.engines import _sglang_internals as internals
-from conformance.engines._interrupts import interrupts_held
 from conformance.engines.base import (
     Completion,
     Engine,
@@ -82,8 +81,7 @@ class SGLangEngine(Engine):
 
     def _run(self, request: dict[str, Any]) -> list[dict[str, Any]]:
         """The engine's replies to ``request``, their retractions counted."""
-        with interrupts_held():
-            return self._retractions.add(self._engine.generate(**request))
+        return self._retractions.add(self._engine.generate(**request))
 
     def generate(
         self, prompts: TokenBatch, spec: SamplingSpec, *, top_logprobs: int = 0
@@ -115,12 +113,11 @@ class SGLangEngine(Engine):
         maps checkpoint names onto its fused layers; the prefix cache is flushed with it. SGLang
         takes updates only inside a begin/end weight-update session.
         """
-        with interrupts_held():
-            self._engine.begin_weight_update()
-            try:
-                success, message = self._engine.update_weights_from_tensor(list(state_dict.items()))
-            finally:
-                self._engine.end_weight_update()
+        self._engine.begin_weight_update()
+        try:
+            success, message = self._engine.update_weights_from_tensor(list(state_dict.items()))
+        finally:
+            self._engine.end_weight_update()
         if not success:
             raise EngineCrashed(f"SGLang did not take the new weights: {message}", "check names")
 
