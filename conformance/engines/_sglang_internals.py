@@ -49,7 +49,7 @@ def keep_sigterm(engine: Any, handler: Any) -> bool:
     does and writes the report) back as SIGTERM's handler in place of the one SGLang installs
     on its event loop. Returns whether SGLang's was removed.
 
-    ``TokenizerManager.auto_create_handle_loop`` (0.5.22, 0.5.23), run on an engine's first
+    ``TokenizerManager.auto_create_handle_loop`` (checked on 0.5.23), run on an engine's first
     request, adds a loop handler for SIGTERM that only flags a graceful exit for its own
     ``sigterm_watchdog`` (which drains requests, then kills this process's children), so a
     SIGTERM mid-run (CI's timeout) never ended the session: on 0.5.23, a certify sent SIGTERM

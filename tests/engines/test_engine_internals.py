@@ -178,7 +178,7 @@ class _Signalled(Exception):
 def test_sigterm_reaches_the_handler_set_before_an_sglang_engine_started(
     default_model: Path,
 ) -> None:
-    """0.5.22 and 0.5.23 add a SIGTERM handler to their event loop on an engine's first request,
+    """0.5.23 adds a SIGTERM handler to its event loop on an engine's first request,
     one that only flags a graceful exit (``keep_sigterm``). After the engine has served a
     request, a SIGTERM still reaches the handler this process had before it started."""
     import os
