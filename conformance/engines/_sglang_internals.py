@@ -38,16 +38,10 @@ def detach(engine: Any) -> bool:
     return True
 
 
-def sigterm_handler() -> Any:
-    """This process's SIGTERM handler, to give :func:`keep_sigterm` (read before the engine
-    starts). ``None`` where it was not set from Python."""
-    return signal.getsignal(signal.SIGTERM)
-
-
 def keep_sigterm(engine: Any, handler: Any) -> bool:
-    """Put ``handler`` (:func:`sigterm_handler`, the harness's: it ends the session as Ctrl-C
-    does and writes the report) back as SIGTERM's handler in place of the one SGLang installs
-    on its event loop. Returns whether SGLang's was removed.
+    """Put ``handler`` (SIGTERM's handler before the engine started: the harness's, which ends
+    the session as Ctrl-C does and writes the report) back as SIGTERM's handler in place of the
+    one SGLang installs on its event loop. Returns whether SGLang's was removed.
 
     ``TokenizerManager.auto_create_handle_loop`` (checked on 0.5.23), run on an engine's first
     request, adds a loop handler for SIGTERM that only flags a graceful exit for its own

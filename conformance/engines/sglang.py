@@ -7,6 +7,7 @@ subprocess; this process holds the tokenizer-manager side. Prompts go in as toke
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -65,7 +66,7 @@ class SGLangEngine(Engine):
         import psutil
 
         before = {p.pid for p in psutil.Process().children(recursive=True)}
-        sigterm = internals.sigterm_handler()
+        sigterm = signal.getsignal(signal.SIGTERM)
         try:
             self._engine = sglang.Engine(**common.server_args(config, self.options))
         except RuntimeError as exc:
