@@ -6,7 +6,7 @@ validation matrix (sequence length 100 / 1,000 / 10,000; batch 1 / 8 / 32), SGLa
 decode-vs-prefill test (inputs up to 3,000 tokens, long outputs), vLLM's batch-invariance test
 (batches up to 128). Sizes are drawn log-uniformly (``strategies.log_sizes``), so long cases are
 reached without dominating a run's time and shrinking still ends at the smallest; and each
-property runs one more example at the top sizes (``recorder.one_example_at_top``), so every run
+property runs one more example at the top sizes (``recorder.run_at_top``), so every run
 reaches them.
 
 A batch's tokens (sequences × longest prompt and rollout) are bounded too, as engines bound the
@@ -14,6 +14,12 @@ tokens of one step (vLLM's ``max_num_batched_tokens``, SGLang's ``chunked_prefil
 size and length each reach their top, but not together. Without the bound nearly every large
 deep batch was the 64 × 4,096 corner (the longest of 64 drawn lengths is almost always the top),
 and a deep run on 2 cores spent 25 minutes on 4 of its 10 properties.
+
+On a CPU host a costly model draws within a budget its cost sets (:meth:`Depth.within_cost`):
+each example's batch holds about as much forward-pass work as the depth's budget does on a
+small model, a few seconds on two cores, down to what still reaches every limit. A trained
+135M-parameter model's batches at the quick depth's corner, 32 × (512 + 128) tokens, took 90–115 s
+per property there, and a property runs about 20 of them.
 
 A run certified before a long RL run is certified at that run's own shape
 (:meth:`Depth.with_run_shape`): its longest prompt and rollout, its rollout batch and its GRPO
@@ -31,8 +37,9 @@ from conformance.errors import UsageError
 @dataclass(frozen=True)
 class Depth:
     """Upper ends of the drawn sizes. ``max_prompt_len`` None: up to the model's context;
-    ``max_batch_tokens``: sequences × (longest prompt + new tokens) of one batch;
-    ``group_size``: the run's GRPO group size (None: groups of 2–16 are drawn, none forced)."""
+    ``max_batch_tokens``: sequences × (longest prompt + new tokens) of one batch, set by
+    ``budget`` (:data:`BUDGETS`); ``group_size``: the run's GRPO group size (None: groups of
+    2–16 are drawn, none forced)."""
 
     name: str
     max_new_tokens: int
@@ -41,6 +48,7 @@ class Depth:
     max_batch_tokens: int
     purpose: str
     group_size: int | None = None
+    budget: str = "depth"
 
     def with_run_shape(
         self,
@@ -49,6 +57,7 @@ class Depth:
         max_new_tokens: int | None = None,
         max_batch: int | None = None,
         group_size: int | None = None,
+        max_batch_tokens: int | None = None,
     ) -> Depth:
         """This depth with a run's own limits in place of its own (None keeps the depth's).
 
@@ -62,6 +71,8 @@ class Depth:
             max_batch=self.max_batch if max_batch is None else max_batch,
             group_size=self.group_size if group_size is None else group_size,
         )
+        if max_batch_tokens is not None:
+            shaped = replace(shaped, max_batch_tokens=max_batch_tokens, budget="option")
         if shaped.group_size is not None and shaped.group_size > shaped.max_batch:
             raise UsageError(
                 f"--group-size {shaped.group_size} is larger than the batch of "
@@ -71,8 +82,30 @@ class Depth:
         if shaped.max_prompt_len is not None:
             longest = shaped.max_prompt_len + shaped.max_new_tokens
             needed = longest * (shaped.group_size or 1)
-            shaped = replace(shaped, max_batch_tokens=max(shaped.max_batch_tokens, needed))
+            if needed > shaped.max_batch_tokens:
+                shaped = replace(shaped, max_batch_tokens=needed, budget="run shape")
         return shaped
+
+    def within_cost(self, weights: int, context: int | None) -> Depth:
+        """This depth with its token budget lowered so that a batch holds
+        :data:`CPU_BATCH_WORK` (``weights`` × tokens, :func:`forward_weights`), but never below
+        what reaches every limit: the largest batch of one-token prompts with the longest
+        rollouts, and one whole group (one sequence without a group size) of the longest
+        prompt and rollout within ``context``. The two are then drawn as two top-size examples
+        (``conformance.strategies.at_top_sizes``). Unchanged where an option set the budget or
+        the depth's largest batch fits the lowered one anyway."""
+        if self.budget == "option":
+            return self
+        prompt = self.max_prompt_len or (context or 1 << 30) - self.max_new_tokens - 1
+        floor = max(
+            self.max_batch * (1 + self.max_new_tokens),
+            (prompt + self.max_new_tokens) * (self.group_size or 1),
+        )
+        tokens = min(self.max_batch_tokens, max(floor, CPU_BATCH_WORK // max(1, weights)))
+        corner = self.max_batch * (prompt + self.max_new_tokens)
+        if tokens == self.max_batch_tokens or tokens >= corner:  # no drawn batch changes
+            return self
+        return replace(self, max_batch_tokens=tokens, budget="model cost")
 
     def run_shape(self) -> dict[str, int | None]:
         """The limits a run is drawn up to, as report.json records them."""
@@ -103,12 +136,39 @@ class Depth:
         return (
             f"{self.name} ({self.purpose}: rollouts up to {self.max_new_tokens} new tokens, "
             f"prompts up to {prompts}, batches up to {self.max_batch} sequences and "
-            f"{self.max_batch_tokens:,} tokens{groups})"
+            f"{self.max_batch_tokens:,} tokens{BUDGETS[self.budget]}{groups})"
         )
 
 
 #: tokens in one drawn batch: 16 sequences of 4,096, or 64 of 1,024
 MAX_BATCH_TOKENS = 65_536
+#: what set a depth's ``max_batch_tokens``, as :meth:`Depth.describe` says it
+BUDGETS = {
+    "depth": "",
+    "run shape": ", raised to hold the run's longest sequences",
+    "option": ", as --max-batch-tokens gives",
+    "model cost": ", sized to the model's cost on a CPU (--max-batch-tokens raises it)",
+}
+#: weights × tokens one drawn batch holds on a CPU host (:meth:`Depth.within_cost`): about 4 s
+#: of forward pass on this project's 2-core CPU, where SmolLM2-135M (1.5e8 weights a token by
+#: :func:`forward_weights`) scores about 450 tokens a second; the embedded models' 65,536-token
+#: batches (1.2e5 weights a token) hold 3 % of it, and only models past 1.3e7 weights a token
+#: hold more in the quick depth's largest batch
+CPU_BATCH_WORK = 1 << 38
+
+
+def forward_weights(*, hidden_size: int, num_layers: int, vocab_size: int) -> int:
+    """Weights one token's forward pass multiplies through: ``12 · n_layer · d_model²`` for the
+    layers (attention's four d × d projections and an MLP four times as wide; Kaplan et al.
+    2020, "Scaling Laws for Neural Language Models", §2.1) plus the output head's
+    ``vocab · d_model``. A cost scale, not an exact count: gated MLPs and grouped KV heads
+    change the layers' share by tens of percent.
+
+    >>> forward_weights(hidden_size=576, num_layers=30, vocab_size=49_152)
+    147750912
+    """
+    return 12 * num_layers * hidden_size**2 + vocab_size * hidden_size
+
 
 DEPTHS = {
     d.name: d

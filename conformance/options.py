@@ -77,8 +77,15 @@ GROUP_SIZE = Option(
     None,
     "N",
 )
+MAX_BATCH_TOKENS = Option(
+    "max-batch-tokens",
+    "tokens one drawn batch holds, sequences x (longest prompt + new tokens): overrides the "
+    "depth's, and on a CPU the smaller budget a costly model gets",
+    None,
+    "N",
+)
 #: the options that give a run's own shape in place of the depth's limits
-RUN_SHAPE_OPTIONS = (MAX_PROMPT_LEN, MAX_NEW_TOKENS, MAX_BATCH, GROUP_SIZE)
+RUN_SHAPE_OPTIONS = (MAX_PROMPT_LEN, MAX_NEW_TOKENS, MAX_BATCH, GROUP_SIZE, MAX_BATCH_TOKENS)
 SHRINK_SECONDS = Option(
     "shrink-seconds",
     "seconds Hypothesis may spend shrinking a failure to a minimal case; past them the report "

@@ -335,10 +335,9 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         result = yield
         test = getattr(item, "obj", None)
         if getattr(test, "hypothesis", None) is not None:
-            from conformance.recorder import one_example_at_batch_size, one_example_at_top
+            from conformance.recorder import one_example_at_batch_size, run_at_top
 
-            with one_example_at_top(test):
-                item.runtest()
+            run_at_top(test, item.runtest)
             if item.get_closest_marker("tim_batch_buckets"):
                 from conformance.strategies import batch_buckets
 

@@ -5,7 +5,7 @@ Every example announces its case (``Recorder.case``) before it runs the stack, s
 example fails — a profile violation, a NaN, an engine error — the case on record is the one
 that failed. Hypothesis runs its final, shrunk falsifying example last, so the case kept per
 failure origin is the minimal one. After its drawn examples pass, a property runs one more,
-at the top sizes (:func:`one_example_at_top`), so every run reaches its depth's largest case.
+at the top sizes (:func:`run_at_top`), so every run reaches its depth's largest case.
 """
 
 from __future__ import annotations
@@ -388,8 +388,7 @@ class Recorder:
         handle.inner_test = self.watched(inner)
         try:
             test()
-            with one_example_at_top(test):
-                test()
+            run_at_top(test, test)
         finally:
             handle.inner_test = inner
 
@@ -418,22 +417,25 @@ class Recorder:
         return self.current
 
 
-@contextmanager
-def one_example_at_top(test: Any) -> Iterator[None]:
-    """While inside, the ``@given`` property ``test`` runs one example: the largest case.
+def run_at_top(test: Any, run: Callable[[], Any]) -> None:
+    """Run the ``@given`` property ``test`` (through ``run``) on its largest case: one example
+    at the top sizes, and where the token budget held that batch's prompts short, one more at
+    the longest prompts (:func:`conformance.strategies.at_top_sizes`).
 
-    Hypothesis's first example makes every choice the simplest, which
-    :func:`conformance.strategies.at_top_sizes` draws at the top sizes; one example stops it
-    there. Log-uniform draws reach a size's top in one example of eight, so 20 examples miss
-    it about one run in fifteen, and every check sharing a seed misses it together; this one
-    never does. It is not shrunk (its sizes stay at the top whatever else changes, and each
-    try costs the largest engine call), and its choices give the smallest case outside, so
-    none go to the example database.
+    Hypothesis's first example makes every choice the simplest, which ``at_top_sizes`` draws
+    at the top sizes; one example stops it there. Log-uniform draws reach a size's top in one
+    example of eight, so 20 examples miss it about one run in fifteen, and every check sharing
+    a seed misses it together; this never does. Neither example is shrunk (its sizes stay at
+    the top whatever else changes, and each try costs the largest engine call), and their
+    choices give the smallest case outside, so none go to the example database.
     """
     from conformance.strategies import at_top_sizes
 
-    with _one_example(test), at_top_sizes():
-        yield
+    with _one_example(test), at_top_sizes() as top:
+        run()
+    if top.cut_short:
+        with _one_example(test), at_top_sizes("length"):
+            run()
 
 
 @contextmanager
@@ -441,7 +443,7 @@ def one_example_at_batch_size(test: Any, size: int) -> Iterator[None]:
     """While inside, the ``@given`` property ``test`` runs one example, its batches ``size``
     sequences long (:func:`conformance.strategies.at_batch_size`): run once per
     ``batch_buckets`` size, every run reaches every batch-size bucket. Not shrunk nor stored,
-    as :func:`one_example_at_top`."""
+    as :func:`run_at_top`'s."""
     from conformance.strategies import at_batch_size
 
     with _one_example(test), at_batch_size(size):

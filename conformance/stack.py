@@ -9,16 +9,19 @@ import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conformance import options, releases
 from conformance.backends import BackendConfig
-from conformance.depth import Depth, depth
+from conformance.depth import Depth, depth, forward_weights
 from conformance.dtypes import canonical_dtype, implied_profile
 from conformance.engines import EngineConfig, LogprobKind
 from conformance.errors import UsageError
 from conformance.host import device_info, package_versions
-from conformance.options import RUN_SHAPE_OPTIONS, parse_key_values
+from conformance.options import MAX_BATCH_TOKENS, RUN_SHAPE_OPTIONS, parse_key_values
+
+if TYPE_CHECKING:
+    from conformance.models import ModelInfo
 
 #: environment variables that change numerics (or which kernels run), recorded in fingerprints
 NUMERICS_ENV_PREFIXES = (
@@ -133,20 +136,36 @@ class StackSpec:
         releases.warn(releases.check(f"backend {self.backend!r}", backend.RELEASES))
         model = inspect_model(self.model_dir())
         self._check_run_shape(model.max_position_embeddings)
-        foreign = profile.foreign_to(model.sha256, device_info())
+        device = device_info()
+        spec = self.within_cost(model, device)
+        if spec.depth != self.depth:
+            # once per process, as the warnings are: the plugin and certify both preflight
+            releases.warn(f"drawing at depth {spec.depth.describe()}")
+        foreign = profile.foreign_to(model.sha256, device)
         if foreign and not self.profile_named:
             from conformance.profiles.own import own_profile
 
             own = own_profile(
                 model,
-                self.engine_dtype,
-                self.backend_dtype,
-                self.depth.name,
-                cap=self._calibration_cap(model.max_position_embeddings),
+                spec.engine_dtype,
+                spec.backend_dtype,
+                spec.depth.name,
+                cap=spec._calibration_cap(model.max_position_embeddings),
+                max_tokens=spec.depth.max_batch_tokens if spec.depth.budget != "depth" else None,
             )
-            return replace(self, profile=str(own), profile_named=True)
+            return replace(spec, profile=str(own), profile_named=True)
         releases.warn(foreign)
-        return self
+        return spec
+
+    def within_cost(self, model: ModelInfo, device: dict[str, Any]) -> StackSpec:
+        """On a CPU, the stack with its batches' token budget sized to the model's cost
+        (:meth:`conformance.depth.Depth.within_cost`): an accelerator holds the depth's own."""
+        if device.get("kind") != "cpu":
+            return self
+        weights = forward_weights(
+            hidden_size=model.hidden_size, num_layers=model.num_layers, vocab_size=model.vocab_size
+        )
+        return replace(self, depth=self.depth.within_cost(weights, model.max_position_embeddings))
 
     def _check_run_shape(self, context: int | None) -> None:
         """A run shape the model cannot hold is an error, not a silently shorter run (a depth's
@@ -228,10 +247,14 @@ class StackSpec:
         """The run-shape options where they replaced the depth's limits."""
         base = depth(self.depth.name)
         values: dict[str, str | None] = {}
-        for option in RUN_SHAPE_OPTIONS:
+        for option in (o for o in RUN_SHAPE_OPTIONS if o is not MAX_BATCH_TOKENS):
             field_name = option.name.replace("-", "_")
             value = getattr(self.depth, field_name)
             values[option.name] = None if value == getattr(base, field_name) else str(value)
+        # the budget an option or the model's cost set, whatever its value: a replay would size
+        # it to the model's cost again; the one a run shape raised, the other options raise
+        given = self.depth.budget in ("option", "model cost")
+        values[MAX_BATCH_TOKENS.name] = str(self.depth.max_batch_tokens) if given else None
         return values
 
     def pytest_args(self) -> list[str]:

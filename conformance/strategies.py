@@ -88,17 +88,30 @@ def _check_range(name: str, low: int, high: int, floor: int) -> None:
 
 #: one :func:`log_sizes` draw in this many is the largest size
 TOP_ODDS = 8
-#: set while a property draws its example at the top sizes (:func:`at_top_sizes`)
-_AT_TOP: ContextVar[bool] = ContextVar("tim_conformance_at_top_sizes", default=False)
+
+
+@dataclass
+class TopCase:
+    """The example a property draws at the top sizes (:func:`at_top_sizes`): the extreme it
+    reaches where a batch's token budget holds only one of them at a time (``"batch"``: the
+    most sequences; ``"length"``: the longest prompts), and whether a drawn batch's prompts
+    were held below the longest by that budget (another example must then reach them)."""
+
+    reach: Literal["batch", "length"] = "batch"
+    cut_short: bool = False
+
+
+#: the top-size example being drawn (:func:`at_top_sizes`), if any
+_AT_TOP: ContextVar[TopCase | None] = ContextVar("tim_conformance_at_top_sizes", default=None)
 
 
 def drawing_at_top() -> bool:
     """Whether the running example is drawn at the top sizes (:func:`at_top_sizes`)."""
-    return _AT_TOP.get()
+    return _AT_TOP.get() is not None
 
 
 @contextmanager
-def at_top_sizes() -> Iterator[None]:
+def at_top_sizes(reach: Literal["batch", "length"] = "batch") -> Iterator[TopCase]:
     """Draw the largest case while inside: every :func:`log_sizes` draw gives its top, and a
     sequence whose id seed is the simplest (0, all ``min_id``) takes its ids from a seed of its
     own position in the batch instead.
@@ -109,10 +122,15 @@ def at_top_sizes() -> Iterator[None]:
     runs it once, so a run reaches its depth's top sizes for certain, not in most runs. The
     choices drawn are those made outside, so the example replays and shrinks as usual; its
     sizes stay at the top.
+
+    Where the token budget holds the largest batch only with shorter prompts, the yielded
+    :class:`TopCase` says so (``cut_short``), and an example drawn with ``reach="length"``
+    reaches the longest prompts instead, in as many sequences as the budget holds.
     """
-    token = _AT_TOP.set(True)
+    case = TopCase(reach)
+    token = _AT_TOP.set(case)
     try:
-        yield
+        yield case
     finally:
         _AT_TOP.reset(token)
 
@@ -181,7 +199,7 @@ def log_sizes(low: int, high: int) -> SearchStrategy[int]:
         top = draw(st.integers(0, TOP_ODDS - 1)) == TOP_ODDS - 1
         octave = draw(st.integers(0, octaves - 1))
         value = draw(st.integers(low, min(high, (low << (octave + 1)) - 1)))
-        return high if top or _AT_TOP.get() else value
+        return high if top or _AT_TOP.get() is not None else value
 
     return build()
 
@@ -259,7 +277,7 @@ def _draw_ids(
 ) -> list[int]:
     """``length`` ids as :func:`token_sequences` describes; ``position`` is the sequence's
     place in its batch (:func:`at_top_sizes` seeds the simplest ids from it)."""
-    varied = _AT_TOP.get() or _BATCH_SIZE.get() is not None
+    varied = _AT_TOP.get() is not None or _BATCH_SIZE.get() is not None
     seed = draw(_ID_SEEDS) or (position + 1 if varied else 0)
     if seed:
         rng = random.Random(seed)
@@ -315,7 +333,9 @@ def batch_shapes(
     corner of both (an engine splits that into steps of its own token budget anyway). Groups
     are drawn from ``GROUP_SIZES``; a run's own ``group_size`` replaces the larger ones, and the
     largest case (:func:`at_top_sizes`) is then a grouped batch at that size, so every run
-    reaches it. Shrinks towards one independent sequence of length ``min_len``, padded on the
+    reaches it: as many whole groups as the batch holds, and where the budget then shortens
+    their prompts, the longest prompts in as many whole groups as fit (``reach="length"``).
+    Shrinks towards one independent sequence of length ``min_len``, padded on the
     first side given.
     """
     _check_range("batch_shapes batch", min_batch, max_batch, 1)
@@ -357,13 +377,15 @@ def batch_shapes(
 
     @st.composite
     def build(draw: st.DrawFn) -> BatchShape:
-        top_group = group_size if _AT_TOP.get() and group_size in groups else None
+        at_top = _AT_TOP.get()
+        top_group = group_size if at_top is not None and group_size in groups else None
         kind = "grouped" if top_group and "grouped" in usable else draw(st.sampled_from(usable))
         side = draw(st.sampled_from(tuple(padding_sides)))
+        longest_first = at_top is not None and at_top.reach == "length"
         if kind == "grouped":
             group = top_group or draw(st.sampled_from(groups))
             low, high = max(1, -(-min_batch // group)), max_batch // group
-            if top_group:
+            if top_group and longest_first:
                 # the run's longest prompt in whole groups of the run's size: as many as fit
                 per_group = group * (max_len + new_tokens)
                 fits = high if max_tokens is None else max_tokens // per_group
@@ -371,11 +393,17 @@ def batch_shapes(
             else:
                 prompts = sized(draw(log_sizes(low, high)), low, high, group)
             top = longest(prompts * group)
+            if at_top is not None and top < max_len:
+                at_top.cut_short = True
             distinct = [draw(log_sizes(min_len, top)) for _ in range(prompts)]
             lengths = tuple(n for n in distinct for _ in range(group))
             return BatchShape(lengths, side, "grouped", group_size=group)
         size = sized(draw(log_sizes(min_batch, max_batch)), min_batch, max_batch)
+        if longest_first and max_tokens is not None:
+            size = max(min_batch, min(size, max_tokens // (max_len + new_tokens)))
         top = longest(size)
+        if at_top is not None and top < max_len:
+            at_top.cut_short = True
         if kind == "shared-prefix" and top >= 2:
             prefix = draw(log_sizes(1, top - 1))
             suffixes = [draw(log_sizes(max(1, min_len - prefix), top - prefix))

