@@ -66,10 +66,17 @@ def main() -> int:
             "harness_s": round(timing["wall_s"] - own, 1),
         },
         "run_shape": report.get("run_shape"),
+        "checks": [_check_time(check) for check in report["checks"]],
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0
+
+
+def _check_time(check: dict) -> dict:
+    """One check's time and outcome, from report.json."""
+    keys = ("suite", "name", "status", "seconds", "examples_run")
+    return {key: check[key] for key in keys}
 
 
 def _own_profile(args: argparse.Namespace, shape: list[str], cache: Path) -> Path:
