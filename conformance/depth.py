@@ -30,6 +30,7 @@ reaches them (a grouped batch at the run's group size, where the property draws 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from conformance.errors import UsageError
 
@@ -48,7 +49,7 @@ class Depth:
     max_batch_tokens: int
     purpose: str
     group_size: int | None = None
-    budget: str = "depth"
+    budget: Literal["depth", "run shape", "option", "model cost"] = "depth"
 
     def with_run_shape(
         self,

@@ -355,9 +355,15 @@ def batch_shapes(
         max_batch = min(max_batch, fits)
 
     def longest(size: int) -> int:
+        """The longest prompt a batch of ``size`` holds; a top-size example held below
+        ``max_len`` by the budget is marked so (:class:`TopCase`)."""
         if max_tokens is None:
             return max_len
-        return max(min_len, min(max_len, max_tokens // size - new_tokens))
+        length = max(min_len, min(max_len, max_tokens // size - new_tokens))
+        at_top = _AT_TOP.get()
+        if at_top is not None and length < max_len:
+            at_top.cut_short = True
+        return length
 
     if group_size is not None:
         _check_range("batch_shapes group", 1, group_size, 1)
@@ -393,8 +399,6 @@ def batch_shapes(
             else:
                 prompts = sized(draw(log_sizes(low, high)), low, high, group)
             top = longest(prompts * group)
-            if at_top is not None and top < max_len:
-                at_top.cut_short = True
             distinct = [draw(log_sizes(min_len, top)) for _ in range(prompts)]
             lengths = tuple(n for n in distinct for _ in range(group))
             return BatchShape(lengths, side, "grouped", group_size=group)
@@ -402,8 +406,6 @@ def batch_shapes(
         if longest_first and max_tokens is not None:
             size = max(min_batch, min(size, max_tokens // (max_len + new_tokens)))
         top = longest(size)
-        if at_top is not None and top < max_len:
-            at_top.cut_short = True
         if kind == "shared-prefix" and top >= 2:
             prefix = draw(log_sizes(1, top - 1))
             suffixes = [draw(log_sizes(max(1, min_len - prefix), top - prefix))
