@@ -72,6 +72,11 @@ class Metric:
     #: in some MoE layer or ``kept`` in every one: a profile judges it by that side's own
     #: number of tokens (:func:`tokens_averaged`)
     part: Literal["flipped", "kept"] | None = None
+    #: the per-token metric it equals over sequences of one token: a |Σ log ρ|/√T is its one
+    #: token's |log ρ| when T = 1, and the suites draw rollouts from one token up while a
+    #: calibration's are 32 or more, over which one token far off is diluted; so a profile's
+    #: bound on it is at least that metric's (``Profile.bounds``)
+    one_token: str | None = None
 
     def deviation(self, value: float) -> float:
         """Distance from the ideal value (NaN stays NaN)."""
@@ -129,7 +134,8 @@ METRICS: tuple[Metric, ...] = (
            grows_with_length=True),
     Metric("log_ppl_abs_diff_per_sqrt_len", 0.0, "max", "pooled",
            "mean over sequences of |Σ_t log ρ| / √T: length-free for independent per-token "
-           "noise, growing as √T under a per-token bias", "lr-scheduling Eq. 8, scaled"),
+           "noise, growing as √T under a per-token bias", "lr-scheduling Eq. 8, scaled",
+           one_token="abs_diff_mean"),
     Metric("k1", 0.0, "abs", "pooled", "mean −log ρ (KL estimator)", "verl rollout_corr",
            noise_slope=1.0),
     Metric("log_ratio_sum_per_sqrt_tokens", 0.0, "max", "pooled",
@@ -149,7 +155,7 @@ METRICS: tuple[Metric, ...] = (
            "max over sequences of |Σ_t log ρ|", "tim-explainer", grows_with_length=True),
     Metric("seq_log_ratio_per_sqrt_len_max", 0.0, "max", "example",
            "max over sequences of |Σ_t log ρ| / √T: one bound that holds at every length",
-           "tim-explainer, scaled"),
+           "tim-explainer, scaled", one_token="abs_diff_max"),
     # MoE stacks where both sides report routes (conformance.routing.routing_metrics)
     Metric("route_agreement", 1.0, "min", "pooled",
            "fraction of (token, MoE layer) whose top-k expert sets agree", "R3 §2.2",

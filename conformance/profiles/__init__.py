@@ -22,10 +22,14 @@ and not adopted: every broken engine's pool of 4 or more tokens it failed alread
 per-example bound, and at one or two tokens it failed sound pools (docs/report-json.md, "Small
 pools"). A signed mean (mean ρ, k1, χ²) is held to at least ``MEAN_NOISE_SIGMAS`` standard
 errors of the pool's own mean (:func:`mean_noise_bound`): a calibration's few batches can set
-its bound inside a judged pool's noise. ``[provenance]`` is what ``tim-conformance calibrate``
-measured the profile on: the models' sha256, the device, the versions, sizes and seeds. Metric
-names, which side of a threshold is a violation and which metrics are pooled come from
-:mod:`conformance.metric_table`.
+its bound inside a judged pool's noise. A per-sequence bound (|Σ log ρ|/√T) is at least the
+per-token bound it equals on a one-token sequence (``Metric.one_token``): a calibration's
+rollouts are 32 tokens or more, over which one token far off is diluted, and the suites draw
+them from one token up (a sound fp32 SmolLM2-135M stack's 3-token rollout read 4.6e-4 against a
+sequence bound of 1.7e-4, from one token 8.1e-4 off, inside max |Δ log p|'s bound).
+``[provenance]`` is what ``tim-conformance calibrate`` measured the profile on: the models'
+sha256, the device, the versions, sizes and seeds. Metric names, which side of a threshold is a
+violation and which metrics are pooled come from :mod:`conformance.metric_table`.
 """
 
 from __future__ import annotations
@@ -68,12 +72,17 @@ class Profile:
         metrics: Mapping[str, float] | None = None,
     ) -> dict[str, float]:
         """The bounds ``suite``'s pool of ``tokens`` tokens is held to: the base ones with the
-        suite's own table replacing them, the pool-scaled ones grown past
-        ``max_pooled_tokens``, and, where the pool's ``metrics`` hold its spread k2, the signed
-        means' at least :func:`mean_noise_bound`."""
+        suite's own table replacing them, each per-sequence one at least the per-token bound
+        it equals on a one-token sequence (``Metric.one_token``), the pool-scaled ones grown
+        past ``max_pooled_tokens``, and, where the pool's ``metrics`` hold its spread k2, the
+        signed means' at least :func:`mean_noise_bound`."""
         merged = self.thresholds | self.suites.get(suite or "", {})
         # ±inf in a suite's table lifts the base bound for that suite
         bounds = {name: value for name, value in merged.items() if math.isfinite(value)}
+        for name, threshold in bounds.items():
+            per_token = bounds.get(metric(name).one_token or "")
+            if per_token is not None and per_token > threshold:
+                bounds[name] = per_token
         if tokens and self.max_pooled_tokens and tokens > self.max_pooled_tokens:
             grow = math.sqrt(tokens / self.max_pooled_tokens)
             for name, threshold in bounds.items():

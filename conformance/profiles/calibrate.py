@@ -68,7 +68,8 @@ FIRST_PROMPT_ID = 3
 #: what calibrate measures, revised whenever that changes (cached own profiles are keyed by it,
 #: so a change measures them again): 2 added the runs of one id, 3 the Z_SIGMAS floor, 4 keeps
 #: the rollout suites' per-example and quadratic bounds at the base ones where routes flip, 5
-#: leaves k3 and max |Δp| unbounded there (``exp_scale``), adds ``FLIP_FLOORS`` and keeps the
+#: leaves k3 and max |Δp| unbounded there (``exp_scale``), floored a sequence's bound at a token's
+#: there (``Metric.one_token`` now floors it on every profile, when judged) and keeps the
 #: rollout suites' pool-scaled bounds at the base ones too, 6 measures chat text on a model with
 #: a chat template (``CHAT_EVERY``; a model without one measures what 5 did), 7 measures the
 #: batches of every sampling seed but the first on random ids alone (``_batch_prompts``) and
@@ -85,12 +86,6 @@ METHOD = 10
 EXP_SCALE_RANGE = 1.0
 #: why a profile leaves the ``exp_scale`` metrics unbounded past ``EXP_SCALE_RANGE``
 _PAST_RANGE = f"a token's |log ρ| passed {EXP_SCALE_RANGE:g} nat"
-#: where routes flip, metric → the per-token metric whose bound its bound is at least: a
-#: sequence's |Σ log ρ|/√T is its one token's |Δlp| when T = 1, and the suites draw rollouts
-#: from one token, so one flipped token as far off as max |Δlp| allows may set it alone (a
-#: sound fp16 MoE stack's 28-token rollout read 0.359 against a calibrated 0.35 from one
-#: flipped token 1.36 nats off; the calibration's shortest rollouts are 32 tokens)
-FLIP_FLOORS = {"seq_log_ratio_per_sqrt_len_max": "abs_diff_max"}
 #: every this-many-th prompt is one id repeated, the id cycling through ``marker_ids``: the
 #: suites draw such sequences first (the simplest ids), and on them a sound fp16 stack's
 #: per-sequence |Σ log ρ|/√len reached 5× what random prompts had measured (0.082 vs 0.016)
@@ -540,20 +535,12 @@ def _differing(
 
 def _bounds(plan: Plan, measured: Measurements, flips: bool) -> dict[str, tuple[float | None, str]]:
     """Each bounded metric's threshold and note; ``None`` for the ``exp_scale`` metrics where
-    routes flip or a token's |log ρ| passed ``EXP_SCALE_RANGE``, and where routes flip the
-    ``FLIP_FLOORS`` raised to their per-token bound."""
+    routes flip or a token's |log ρ| passed ``EXP_SCALE_RANGE``."""
     bounds = {
         fact.name: threshold(fact, measured[fact.name], plan)
         for fact in METRICS
         if not fact.grows_with_length and fact.name in measured
     }
-    for name, per_token in FLIP_FLOORS.items() if flips else ():
-        if name in bounds and per_token in bounds and bounds[per_token][0] > bounds[name][0]:
-            bounds[name] = (
-                bounds[per_token][0],
-                f"{per_token}'s: routes flip, and one flipped token alone sets a one-token "
-                f"rollout's ({bounds[name][1]})",
-            )
     tails = (
         "abs_diff_max" in measured
         and measured["abs_diff_max"].worst(metric("abs_diff_max")) > EXP_SCALE_RANGE
