@@ -61,6 +61,10 @@ class CheckRecord:
     #: layers, k]`` and |log ρ| at those tokens; empty where routes were not measured
     routes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     extra: dict[str, float] = field(default_factory=dict)
+    #: the sampled batches the support property already held (``support_audit.audit_key``): the
+    #: same batch again, a seeded rerun or a case Hypothesis drew twice, would repeat the
+    #: backend's whole forward for the same finding
+    audited: set[str] = field(default_factory=set)
     #: what sets the check apart from the stack's own run (e.g. a variant engine's options)
     context: dict[str, Any] = field(default_factory=dict)
     #: the example with the largest max |log ρ| (NaN/inf tokens first), with that severity

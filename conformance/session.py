@@ -187,10 +187,11 @@ class HarnessSession:
         """Hold a sampled batch to the support property (``conformance.support_audit``): count
         its tokens in the running check, fail it on a token outside. A mixed batch
         (``generate_requests``) is held per request, to its own spec. Batches sampled without
-        top-k/top-p, outside a check, or once engine or backend took new weights are not held."""
+        top-k/top-p, outside a check, or once engine or backend took new weights are not held,
+        nor a batch the check already held and found clean (``CheckRecord.audited``)."""
         from conformance.metric_table import breach
         from conformance.outcome import PropertyFailure
-        from conformance.support_audit import audit_rollouts, sampled_batches
+        from conformance.support_audit import audit_key, audit_rollouts, sampled_batches
 
         record = self.recorder.current
         batches = sampled_batches(method, args, result)
@@ -199,40 +200,44 @@ class HarnessSession:
         backend = self.backend
         if engine.weights_changed or backend.weights_changed:
             return
-        margin = self.profile.bounds(record.suite).get("abs_diff_max", 0.0)
+        audit = {
+            "order": engine.SAMPLER_ORDER,
+            "margin": self.profile.bounds(record.suite).get("abs_diff_max", 0.0),
+            "raw_logprobs": engine.inner.config.logprobs is LogprobKind.RAW,
+        }
         for spec, completions, rows in batches:
+            # a batch found clean is not held again; one with a token outside is, so its
+            # failure repeats when Hypothesis replays it
+            digest = audit_key(spec, completions, **audit)
+            if digest in record.audited:
+                continue
             try:
-                found = audit_rollouts(
-                    backend,
-                    spec,
-                    completions,
-                    order=engine.SAMPLER_ORDER,
-                    margin=margin,
-                    raw_logprobs=engine.inner.config.logprobs is LogprobKind.RAW,
-                )
+                found = audit_rollouts(backend, spec, completions, **audit)
             except NotImplementedError as exc:
                 self.recorder.remark(f"sampled tokens' support not checked: {first_line(exc)}")
                 return
             counts = {"support_tokens": found.tokens, "out_of_support_tokens": found.outside}
             for key, value in counts.items():
                 record.extra[key] = record.extra.get(key, 0.0) + value
-            if found.outside:
-                first = found.first
-                if rows is not None:
-                    completion, rest = first.split(" ", 2)[1:]
-                    first = f"request {rows[int(completion)]}'s completion {rest}"
-                outside = breach("out_of_support_tokens", found.outside, 0)
-                raise PropertyFailure(
-                    f"engine {engine.name!r} {method}() gave {first} outside the stated "
-                    f"sampler's support ({found.outside} of {found.tokens} sampled tokens; "
-                    f"temperature {spec.temperature:g}, top_k {spec.top_k}, top_p "
-                    f"{spec.top_p:g}{f', min_p {spec.min_p:g}' if spec.min_p else ''}, "
-                    f"{engine.SAMPLER_ORDER.value}): its processed probability "
-                    "is 0, so a trainer recomputing it gets -inf — check the order and masking "
-                    "of the engine's sampler (or declare its order as Engine.SAMPLER_ORDER) "
-                    f"[{outside}]",
-                    outside,
-                )
+            if not found.outside:
+                record.audited.add(digest)
+                continue
+            first = found.first
+            if rows is not None:
+                completion, rest = first.split(" ", 2)[1:]
+                first = f"request {rows[int(completion)]}'s completion {rest}"
+            outside = breach("out_of_support_tokens", found.outside, 0)
+            raise PropertyFailure(
+                f"engine {engine.name!r} {method}() gave {first} outside the stated "
+                f"sampler's support ({found.outside} of {found.tokens} sampled tokens; "
+                f"temperature {spec.temperature:g}, top_k {spec.top_k}, top_p "
+                f"{spec.top_p:g}{f', min_p {spec.min_p:g}' if spec.min_p else ''}, "
+                f"{engine.SAMPLER_ORDER.value}): its processed probability "
+                "is 0, so a trainer recomputing it gets -inf — check the order and masking "
+                "of the engine's sampler (or declare its order as Engine.SAMPLER_ORDER) "
+                f"[{outside}]",
+                outside,
+            )
 
     def _breaches(
         self, record: CheckRecord, outcome: Outcome, metrics: dict[str, float], tokens: int | None

@@ -7,7 +7,8 @@ fused sampler, transformers#23088; top-k/top-p composed in another order, sglang
 session runs :func:`audit_rollouts` on each batch an engine samples with min-p, top-k or top-p on,
 while engine and backend hold the same weights, against the backend's tempered distribution
 (:func:`conformance.sampling.outside_support`); the running check counts the tokens audited and
-those outside (``support_tokens``, ``out_of_support_tokens``) and fails on the first outside.
+those outside (``support_tokens``, ``out_of_support_tokens``) and fails on the first outside. A
+batch the check has already found clean (a seeded rerun) is not audited again (:func:`audit_key`).
 
 The audit judges the sampler given the logits: it allows the engine's log-probs the profile's
 per-token difference from the backend's. A rollout whose reported raw log-probs differ by more
@@ -18,6 +19,7 @@ that rollout is not audited.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +62,24 @@ def sampled_batches(
         if truncates(request.spec):
             by_spec.setdefault(request.spec, []).append(row)
     return [(spec, [result[r] for r in rows], rows) for spec, rows in by_spec.items()]
+
+
+def audit_key(
+    spec: SamplingSpec,
+    completions: Sequence[Completion],
+    *,
+    order: SamplerOrder,
+    margin: float,
+    raw_logprobs: bool,
+) -> str:
+    """A digest of everything :func:`audit_rollouts` reads besides the backend's weights: the
+    spec, each completion's prompt, tokens and reported log-probs, and the audit's arguments.
+    Equal keys under the same weights give the same finding."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(repr((spec, order, margin, raw_logprobs)).encode())
+    for c in completions:
+        digest.update(repr((c.prompt, c.tokens, c.logprobs)).encode())
+    return digest.hexdigest()
 
 
 #: positions whose whole next-token distribution is recomputed at once: a deep batch's 65,536

@@ -5,6 +5,7 @@ to the parity properties."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -78,3 +79,30 @@ def test_a_rollout_from_other_logits_is_not_audited(rollouts, off_by):
         raw_logprobs=False,
     )  # fmt: skip
     assert processed.outside == 1
+
+
+def test_a_session_holds_a_sampled_batch_once_per_check(tmp_path):
+    """A seeded rerun samples the same batch again: the session's support property holds it
+    once (one backend forward), and holds a batch it has not seen; a new check starts afresh."""
+    from conformance.session import HarnessSession
+    from conformance.stack import StackSpec
+
+    repo = Path(__file__).resolve().parents[2]
+    session = HarnessSession(StackSpec(), seed=7, report_dir=None, command="", rootdir=repo)
+    spec = SamplingSpec(max_new_tokens=12, top_k=3, seed=5)
+    prompts = [[5 + i, 40 + 3 * i, 7] for i in range(4)]
+    try:
+        with session.check("determinism", "rerun", "suites/x.py::rerun") as record:
+            first = session.engine.generate(prompts, spec)
+            again = session.engine.generate(prompts, spec)
+            assert [c.tokens for c in again] == [c.tokens for c in first]
+            once = sum(len(c.tokens) for c in first)
+            assert record.extra["support_tokens"] == once
+            assert record.extra["out_of_support_tokens"] == 0
+            other = session.engine.generate(prompts, dataclasses.replace(spec, seed=6))
+            assert record.extra["support_tokens"] == once + sum(len(c.tokens) for c in other)
+        with session.check("determinism", "afresh", "suites/x.py::afresh") as record:
+            session.engine.generate(prompts, spec)
+            assert record.extra["support_tokens"] == once
+    finally:
+        session.close()
