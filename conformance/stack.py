@@ -151,6 +151,7 @@ class StackSpec:
                 spec.backend_dtype,
                 spec.depth.name,
                 cap=spec._calibration_cap(model.max_position_embeddings),
+                max_tokens=spec.depth.max_batch_tokens if spec.depth.budget != "depth" else None,
             )
             return replace(spec, profile=str(own), profile_named=True)
         releases.warn(foreign)

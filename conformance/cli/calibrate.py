@@ -75,6 +75,13 @@ def add_parser(subparsers: Any) -> None:
             metavar="N",
             help=f"cap the depth's batches' {what} at a run's own (match certify's --{name})",
         )
+    parser.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        metavar="N",
+        help="measure a batch of more tokens as the two certify draws in its place (match "
+        "the budget certify prints, e.g. a costly model's on a CPU)",
+    )
     parser.add_argument("--out", type=Path, required=True, help="the profile .toml to write")
     parser.set_defaults(func=run)
 
@@ -101,8 +108,9 @@ def run(args: argparse.Namespace) -> int:
     engine_dtype = canonical_dtype(args.engine_dtype)
     backend_dtypes = tuple(dict.fromkeys(canonical_dtype(d) for d in args.backend_dtype))
     caps = (args.max_batch, args.max_prompt_len, args.max_new_tokens)
-    if any(c is not None and c < 1 for c in caps):
-        raise UsageError(f"a cap of {min(c for c in caps if c is not None)}", "pass N >= 1")
+    given = [c for c in (*caps, args.max_batch_tokens) if c is not None]
+    if any(c < 1 for c in given):
+        raise UsageError(f"a cap of {min(given)}", "pass N >= 1")
     cap = None if caps == (None, None, None) else tuple(c or 1 << 30 for c in caps)
     plan = Plan(
         models=tuple(model_folder(m) for m in args.model) or (default_model(),),
@@ -110,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         backend_dtypes=backend_dtypes or default_backend_dtypes(engine_dtype),
         depth=args.depth,
         cap=cap,
+        max_tokens=args.max_batch_tokens,
     )
     print(
         f"tim-conformance: calibrating {engine_dtype} hf-generate vs "
@@ -124,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
             *(a for model in args.model or plan.models for a in ("--model", str(model))),
             "--engine-dtype", engine_dtype,
             *(a for dtype in plan.backend_dtypes for a in ("--backend-dtype", dtype)),
-            "--depth", plan.depth, *cap_flags(plan.cap), "--out", str(args.out),
+            "--depth", plan.depth, *cap_flags(plan.cap, plan.max_tokens), "--out", str(args.out),
         ]
     )  # fmt: skip
     args.out.write_text(render_profile(plan, measured, provenance(plan, infos, command)))

@@ -122,6 +122,9 @@ class Plan:
     #: a run's own shape (prompts, prompt length, new tokens) that caps the depth's batches: a
     #: run certified at its own smaller shape is calibrated at it, never above the depth's
     cap: Batch | None = None
+    #: the run's tokens per batch (``Depth.max_batch_tokens``): a batch above it is measured as
+    #: the two the suites draw at the top sizes in its place (:func:`within_tokens`)
+    max_tokens: int | None = None
 
     @property
     def factor(self) -> float:
@@ -129,14 +132,34 @@ class Plan:
 
     @property
     def batches(self) -> tuple[Batch, ...]:
-        if self.cap is None:
-            return DEPTH_BATCHES[self.depth]
-        capped = (
-            tuple(min(size, cap) for size, cap in zip(batch, self.cap, strict=True))
-            for batch in DEPTH_BATCHES[self.depth]
-        )
+        fitted: list[Batch] = []
+        for batch in DEPTH_BATCHES[self.depth]:
+            if self.cap is not None:
+                prompts, length, new = (min(a, b) for a, b in zip(batch, self.cap, strict=True))
+                batch = (prompts, length, new)
+            fitted.extend(within_tokens(batch, self.max_tokens))
         # two batches capped to the same size would measure the same thing twice
-        return tuple(dict.fromkeys(capped))  # type: ignore[arg-type]
+        return tuple(dict.fromkeys(fitted))
+
+
+def within_tokens(batch: Batch, max_tokens: int | None) -> tuple[Batch, ...]:
+    """``batch`` (prompts, prompt length, new tokens), or where it holds more than
+    ``max_tokens`` the two batches the suites draw at the top sizes in its place
+    (``conformance.strategies.at_top_sizes``): its prompts at the length that fits (at least
+    one token, the prompts as many as then fit), and its longest prompts in as many sequences
+    as fit.
+
+    >>> within_tokens((32, 512, 128), 4128)
+    ((32, 1, 128), (6, 512, 128))
+    """
+    prompts, length, new = batch
+    if max_tokens is None or prompts * (length + new) <= max_tokens:
+        return (batch,)
+    most = max(1, min(prompts, max_tokens // (1 + new)))
+    return (
+        (most, max(1, min(length, max_tokens // most - new)), new),
+        (max(1, max_tokens // (length + new)), length, new),
+    )
 
 
 def default_backend_dtypes(engine_dtype: str) -> tuple[str, ...]:

@@ -44,20 +44,22 @@ def cached_profile_path(
     key = json.dumps(
         [model_sha256, device.get("kind"), device.get("name"), plan.engine_dtype,
          list(plan.backend_dtypes), plan.depth, version, METHOD,
-         *([list(plan.cap)] if plan.cap else [])]
+         *([list(plan.cap)] if plan.cap else []),
+         *([{"max_tokens": plan.max_tokens}] if plan.max_tokens else [])]
     )  # fmt: skip
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_root() / "profiles" / f"own-{model_sha256[:12]}-{digest}.toml"
 
 
-def cap_flags(cap: Batch | None) -> list[str]:
-    """The calibrate flags that give ``cap``."""
+def cap_flags(cap: Batch | None, max_tokens: int | None = None) -> list[str]:
+    """The calibrate flags that give ``cap`` and ``max_tokens``."""
+    flags = ["--max-batch-tokens", str(max_tokens)] if max_tokens else []
     if cap is None:
-        return []
+        return flags
     batch, prompt_len, new_tokens = cap
     return [
         "--max-batch", str(batch), "--max-prompt-len", str(prompt_len),
-        "--max-new-tokens", str(new_tokens),
+        "--max-new-tokens", str(new_tokens), *flags,
     ]  # fmt: skip
 
 
@@ -73,19 +75,26 @@ def own_profile(
     progress: Callable[[str], None] = _print_flushed,
     *,
     cap: Batch | None = None,
+    max_tokens: int | None = None,
 ) -> Path:
     """The own profile of the model ``info`` describes, for this precision and depth on this
     device: read from the cache, else calibrated (as ``tim-conformance calibrate`` does,
     progress line by line) and cached. The calibration's backends are calibrate's default for
     the engine precision and the stack's own backend precision; ``cap`` (prompts, prompt
-    length, new tokens) is a run's own shape where it is smaller than the depth's batches."""
+    length, new tokens) is a run's own shape where it is smaller than the depth's batches,
+    ``max_tokens`` the run's tokens per batch where it is not the depth's."""
     from conformance import __version__
     from conformance.host import device_info
 
     model = info.path
     backends = tuple(dict.fromkeys((*default_backend_dtypes(engine_dtype), backend_dtype)))
     plan = Plan(
-        models=(model,), engine_dtype=engine_dtype, backend_dtypes=backends, depth=depth, cap=cap
+        models=(model,),
+        engine_dtype=engine_dtype,
+        backend_dtypes=backends,
+        depth=depth,
+        cap=cap,
+        max_tokens=max_tokens,
     )
     path = cached_profile_path(info.sha256, device_info(), plan, __version__)
     if path.is_file():
@@ -102,7 +111,7 @@ def own_profile(
         [
             "tim-conformance", "calibrate", "--model", str(model), "--engine-dtype", engine_dtype,
             *(a for dtype in backends for a in ("--backend-dtype", dtype)),
-            "--depth", depth, *cap_flags(cap), "--out", str(path),
+            "--depth", depth, *cap_flags(cap, max_tokens), "--out", str(path),
         ]
     )  # fmt: skip
     text = render_profile(plan, measured, provenance(plan, infos, command))

@@ -565,3 +565,29 @@ def test_calibration_measures_rollouts_from_the_shortest_prompts_too() -> None:
         short = [n for i, n in enumerate(lengths) if i % SHORT_EVERY == SHORT_EVERY - 1]
         assert short == [*SHORT_LENGTHS, *SHORT_LENGTHS]
         assert {n for i, n in enumerate(lengths) if i % SHORT_EVERY != SHORT_EVERY - 1} == {64}
+
+
+def test_a_run_within_a_token_budget_is_calibrated_on_the_batches_it_draws(tmp_path):
+    """A batch above the run's token budget is measured as the two the suites draw at the top
+    sizes in its place, and such a calibration is cached apart from the depth's own."""
+    from conformance.profiles.calibrate import Plan
+    from conformance.profiles.own import cached_profile_path
+
+    plan = Plan(models=(tmp_path,), engine_dtype="float32", backend_dtypes=("float32",))
+    budgeted = Plan(
+        models=(tmp_path,), engine_dtype="float32", backend_dtypes=("float32",), max_tokens=4128
+    )
+    assert plan.batches == DEPTH_BATCHES["quick"]
+    assert budgeted.batches == ((8, 64, 32), (32, 1, 128), (6, 512, 128))
+    assert all(p * (n + k) <= 4128 for p, n, k in budgeted.batches)
+    capped = Plan(
+        models=(tmp_path,),
+        engine_dtype="float32",
+        backend_dtypes=("float32",),
+        cap=(4, 48, 24),
+        max_tokens=4128,
+    )
+    assert capped.batches == ((4, 48, 24),)  # one batch left: the cap's, within the budget
+    device = {"kind": "cpu", "name": "x86_64"}
+    paths = {cached_profile_path("ab" * 32, device, p, "1.0") for p in (plan, budgeted)}
+    assert len(paths) == 2
