@@ -33,6 +33,11 @@ MAX_SAMPLES = 2000
 SIDES = ("the backend's (lp_train)", "the engine's (lp_infer)")
 
 
+class RepeatedCase(Exception):
+    """Raised by ``Recorder.case`` for a case the check has already run and passed: the
+    example ends there, passing (``Recorder.watched``)."""
+
+
 @dataclass
 class Example:
     """One example of a check (a failing one, or the worst): its case, what it measured and
@@ -61,6 +66,13 @@ class CheckRecord:
     #: layers, k]`` and |log ρ| at those tokens; empty where routes were not measured
     routes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     extra: dict[str, float] = field(default_factory=dict)
+    #: the cases of the examples that passed having announced one case: Hypothesis draws some
+    #: cases twice from different choices, and on a deterministic stack a repeat measures
+    #: nothing new (the pool holds each token's context once); ``repeats`` counts those skipped
+    passed_cases: set[str] = field(default_factory=set)
+    repeats: int = 0
+    #: the cases the running example announced so far
+    example_cases: list[str] = field(default_factory=list)
     #: the sampled batches the support property already held (``support_audit.audit_key``): the
     #: same batch again, a seeded rerun or a case Hypothesis drew twice, would repeat the
     #: backend's whole forward for the same finding
@@ -167,7 +179,9 @@ class Recorder:
         **extra: Any,
     ) -> dict[str, Any]:
         """Announce the running example's reproducer — prompt ids, batch shape, sampling spec
-        and anything else it drew — before it runs the stack; returns it."""
+        and anything else it drew — before it runs the stack; returns it. An example whose one
+        case the check has already run and passed ends here, passing (:class:`RepeatedCase`),
+        until the check first fails."""
         from conformance.strategies import drawing_at_top, drawing_batch_size
 
         record = self._require_check()
@@ -183,6 +197,18 @@ class Recorder:
         }
         for key, size in reached_sizes(prompts, shape, sampling).items():
             record.reached[key] = max(size, record.reached.get(key, 0))
+        announced = json.dumps(record.case, sort_keys=True, default=str)
+        record.example_cases.append(announced)
+        # once a failure is found every example runs: shrinking and the final replay of a
+        # stack that fails only sometimes must see it fail again
+        if (
+            record.first_failure_at is None
+            and len(record.example_cases) == 1
+            and announced in record.passed_cases
+        ):
+            record.repeats += 1
+            self._log(event="repeated_case", suite=record.suite, nodeid=record.nodeid)
+            raise RepeatedCase(announced)
         return record.case
 
     def measure(
@@ -375,12 +401,16 @@ class Recorder:
         def example(*args: Any, **kwargs: Any) -> Any:
             self.begin_example()
             try:
-                return run(*args, **kwargs)
+                result = run(*args, **kwargs)
+            except RepeatedCase:
+                return None
             except BaseException as exc:
                 self.example_failed(exc)
                 raise
             finally:
                 self.example_ended()
+            self.example_passed()
+            return result
 
         return example
 
@@ -400,6 +430,7 @@ class Recorder:
         record = self._require_check()
         record.case = record.metrics = None
         record.example = 0
+        record.example_cases = []
         record.nonfinite_at = ""
         if record.first_failure_at is not None:
             record.examples_after_failure += 1
@@ -411,6 +442,12 @@ class Recorder:
         record.failures[origin(exc)] = Example(record.case, record.metrics, record.example or None)
         if record.first_failure_at is None:
             record.first_failure_at = now
+
+    def example_passed(self) -> None:
+        """Keep the passing example's case, where it announced one, to skip its repeats."""
+        record = self._require_check()
+        if len(record.example_cases) == 1:
+            record.passed_cases.add(record.example_cases[0])
 
     def example_ended(self) -> None:
         self._require_check().last_example_at = time.perf_counter()

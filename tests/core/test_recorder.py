@@ -92,3 +92,53 @@ def test_a_conversation_pools_the_tokens_at_its_turns(held):
     assert held.current.tokens() == 4
     held.measure([row], [row], contexts=[[*conversation[:5], 10, 11]], scored_at=[[3, 4, 5, 6]])
     assert held.current.tokens() == 6  # the second turn follows another reply
+
+
+def _watched(recorder: Recorder, test):
+    test.hypothesis.inner_test = recorder.watched(test.hypothesis.inner_test)
+    return test
+
+
+def _property(recorder: Recorder, ran: list[int], fails=lambda token, ran: False):
+    """A property whose case is one token of three, drawn with a choice the case does not
+    hold, so Hypothesis draws each case again from other choices; ``fails(token, ran)`` says
+    whether the stack fails this time (``ran``: the tokens run before)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=40, database=None, derandomize=True)
+    @given(data=st.data())
+    def prop(data):
+        token = data.draw(st.integers(0, 2))
+        data.draw(st.integers(0, 1000))
+        recorder.case([[token]])
+        failing = fails(token, ran)
+        ran.append(token)
+        assert not failing
+
+    return _watched(recorder, prop)
+
+
+def test_a_case_the_check_ran_and_passed_is_not_run_again():
+    """The example ends at ``case`` for a case that passed: the stack runs once per case, and
+    the log says what was skipped."""
+    logged: list[dict] = []
+    recorder = Recorder(load_profile("fp32"), log=lambda **e: logged.append(e), replay=str)
+    recorder.current = CheckRecord(suite="rollout_parity", name="t", nodeid="t")
+    ran: list[int] = []
+    _property(recorder, ran)()
+    record = recorder.current
+    assert len(ran) == len(set(ran)) == len(record.passed_cases) == 3
+    assert record.repeats >= 1
+    assert sum(e["event"] == "repeated_case" for e in logged) == record.repeats
+
+
+def test_once_a_check_fails_every_example_runs(held):
+    """A stack that fails on case 2, and on case 1 from its second run: once case 2 has failed,
+    case 1 runs again when shrinking draws it, fails, and is the case reported; skipped as
+    passed, the shrunk failure would stay at 2."""
+    ran: list[int] = []
+    with pytest.raises(AssertionError):
+        _property(held, ran, fails=lambda token, ran: token == 2 or (token in ran and token == 1))()
+    assert ran.index(1) < ran.index(2) and ran.count(1) >= 2
+    assert held.current.failures and ran[-1] == 1
