@@ -68,9 +68,8 @@ class CheckRecord:
     extra: dict[str, float] = field(default_factory=dict)
     #: the cases of the examples that passed having announced one case: Hypothesis draws some
     #: cases twice from different choices, and on a deterministic stack a repeat measures
-    #: nothing new (the pool holds each token's context once); ``repeats`` counts those skipped
+    #: nothing new (the pool holds each token's context once)
     passed_cases: set[str] = field(default_factory=set)
-    repeats: int = 0
     #: the cases the running example announced so far
     example_cases: list[str] = field(default_factory=list)
     #: the sampled batches the support property already held (``support_audit.audit_key``): the
@@ -206,7 +205,6 @@ class Recorder:
             and len(record.example_cases) == 1
             and announced in record.passed_cases
         ):
-            record.repeats += 1
             self._log(event="repeated_case", suite=record.suite, nodeid=record.nodeid)
             raise RepeatedCase(announced)
         return record.case

