@@ -66,7 +66,9 @@ def main() -> int:
             "harness_s": round(timing["wall_s"] - own, 1),
         },
         "run_shape": report.get("run_shape"),
-        "checks": [_check_time(check) for check in report["checks"]],
+        "checks": _with_decode_steps(
+            [_check_time(check) for check in report["checks"]], work / "certify" / "results.jsonl"
+        ),
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
@@ -77,6 +79,30 @@ def _check_time(check: dict) -> dict:
     """One check's time and outcome, from report.json."""
     keys = ("suite", "name", "status", "seconds", "examples_run")
     return {key: check[key] for key in keys}
+
+
+def _with_decode_steps(checks: list[dict], results: Path) -> list[dict]:
+    """Each check with the rollout steps its measured cases asked for (the sum of their
+    ``max_new_tokens``: one engine pass each, more where a suite samples a case again) and the
+    examples it skipped as repeats (``repeated_case`` events), from results.jsonl."""
+    steps: dict[str, int] = {}
+    repeats: dict[str, int] = {}
+    last: dict[str, str] = {}
+    for line in results.read_text().splitlines():
+        event = json.loads(line)
+        name = event.get("nodeid", "").rpartition("::")[2]
+        case = event.get("case") or {}
+        if event["event"] == "repeated_case":
+            repeats[name] = repeats.get(name, 0) + 1
+        # an example measuring twice (mixed requests) logs its case twice in a row
+        elif event["event"] == "measurement" and case.get("sampling"):
+            if last.get(name) != (key := json.dumps(case, sort_keys=True)):
+                steps[name] = steps.get(name, 0) + case["sampling"]["max_new_tokens"]
+            last[name] = key
+    return [
+        {**c, "decode_steps_asked": steps.get(c["name"], 0), "repeats": repeats.get(c["name"], 0)}
+        for c in checks
+    ]
 
 
 def _own_profile(args: argparse.Namespace, shape: list[str], cache: Path) -> Path:
