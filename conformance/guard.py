@@ -12,6 +12,7 @@ deadline, a failure turned into one :class:`~conformance.errors.EngineUnavailabl
 
 from __future__ import annotations
 
+import gc
 import signal
 import threading
 import time
@@ -145,12 +146,36 @@ class Terminated(KeyboardInterrupt):
     the plugin still writes the report; certify reports a run cut short before its suites."""
 
 
+#: SIGTERMs that landed where Python drops an exception (a garbage-collector callback, such as
+#: Hypothesis's, or a ``__del__``), raised by the next guarded call instead
+_deferred: list[str] = []
+
+
+def _exceptions_dropped_in(frame: Any) -> bool:
+    """Whether an exception raised in ``frame`` would be printed and dropped, not propagated:
+    the frame runs inside a ``gc.callbacks`` function or a finalizer."""
+    callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def raise_deferred_interrupt() -> None:
+    """Raise the :class:`Terminated` a SIGTERM could not raise where it landed, once."""
+    if _deferred:
+        raise Terminated(_deferred.pop())
+
+
 @contextmanager
 def sigterm_as_interrupt(on_term: Callable[[], None] | None = None) -> Iterator[list[str]]:
     """Inside the block SIGTERM raises :class:`Terminated` (a ``KeyboardInterrupt``) after
     ``on_term()``; the handler before it is back when the block ends. Yields the SIGTERMs
     taken (an interrupt that lands as pytest starts is swallowed before a plugin can report
-    it). Signals reach only the main thread: elsewhere nothing is installed."""
+    it). A SIGTERM landing where Python would drop the exception is raised by the next
+    guarded call (:func:`raise_deferred_interrupt`). Signals reach only the main thread:
+    elsewhere nothing is installed."""
     taken: list[str] = []
     if threading.current_thread() is not threading.main_thread():
         yield taken
@@ -160,6 +185,9 @@ def sigterm_as_interrupt(on_term: Callable[[], None] | None = None) -> Iterator[
         taken.append("SIGTERM")
         if on_term is not None:
             on_term()
+        if _exceptions_dropped_in(frame):
+            _deferred.append("SIGTERM")
+            return
         raise Terminated("SIGTERM")
 
     previous = signal.signal(signal.SIGTERM, terminate)
@@ -167,6 +195,7 @@ def sigterm_as_interrupt(on_term: Callable[[], None] | None = None) -> Iterator[
         yield taken
     finally:
         signal.signal(signal.SIGTERM, previous)
+        _deferred.clear()
 
 
 @contextmanager
@@ -240,6 +269,7 @@ class Guarded:
         return self._dead
 
     def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        raise_deferred_interrupt()
         if self._dead is not None:
             raise EngineCrashed(f"{self._label} is dead: {self._dead}")
         if self._closed:
