@@ -241,6 +241,14 @@ def engine(tim: HarnessSession) -> Any:
 
 
 @pytest.fixture(scope="session")
+def shared_engine(tim: HarnessSession) -> Any:
+    """The engine under test for a property that needs its answer to a request, not a fresh
+    one: ``generate`` (seeded) and ``score`` answer with what the engine answered an earlier
+    check making the same request, once per check (``conformance.shared_answers``)."""
+    return tim.shared_engine
+
+
+@pytest.fixture(scope="session")
 def backend(tim: HarnessSession) -> Any:
     """The training backend, built once per session."""
     return tim.backend
@@ -254,7 +262,7 @@ def recorder(tim: HarnessSession) -> Any:
 
 
 #: fixtures that need a working stack; once it crashed, tests using them are skipped
-_STACK_FIXTURES = frozenset({"tim", "engine", "backend", "recorder"})
+_STACK_FIXTURES = frozenset({"tim", "engine", "shared_engine", "backend", "recorder"})
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

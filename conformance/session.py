@@ -31,6 +31,7 @@ from conformance.report.schema import (
     Timing,
     Violation,
 )
+from conformance.shared_answers import SharedAnswers
 from conformance.stack import StackSpec, fingerprint
 
 
@@ -72,6 +73,7 @@ class HarnessSession:
         self._engines: dict[tuple[Any, ...], Guarded] = {}
         self._backends: dict[tuple[Any, ...], Guarded] = {}
         self._infos: dict[str, dict[str, Any]] = {}
+        self._shared: SharedAnswers | None = None
         self._model_info: Any = None
         self._started = dt.datetime.now(dt.UTC)
         self._clock = time.perf_counter()
@@ -97,6 +99,18 @@ class HarnessSession:
     def engine(self) -> Engine:
         """The engine under test, started on first use."""
         return self.engine_variant()
+
+    @property
+    def shared_engine(self) -> SharedAnswers:
+        """The engine under test, answering a request the running check makes with the answer
+        an earlier check got for the same request (``conformance.shared_answers``)."""
+        if self._shared is None:
+            self._shared = SharedAnswers(
+                self.engine,
+                current_check=lambda: getattr(self.recorder.current, "nodeid", None),
+                log=self.log,
+            )
+        return self._shared
 
     def engine_variant(self, **option_changes: str) -> Engine:
         """The engine under test started with ``option_changes`` on top of its own options
@@ -280,6 +294,7 @@ class HarnessSession:
                 self.log(event="close_failed", kind=component.kind, error=repr(exc))
         self._engines.clear()
         self._backends.clear()
+        self._shared = None
 
     # -- recording -----------------------------------------------------------------------
     def log(self, **event: Any) -> None:

@@ -6,7 +6,12 @@ positions that differ (1 − exact_match_rate) and the largest difference (abs_d
 always recorded, as vLLM's and SGLang's determinism tests report them. Seeded sampling repeats
 its tokens too. An engine that cannot seed its sampling (``info()["seeded"]`` false: SGLang on
 CPU) still has its scoring checked.
+
+The first answer may be the one the engine gave an earlier check making the same request
+(``shared_engine``); the second is always asked of the engine, after whatever ran between.
 """
+
+import random
 
 import pytest
 from hypothesis import given
@@ -16,13 +21,25 @@ from conformance.metric_table import breach
 from conformance.suite_support import prompt_batches, rollout_specs
 
 
+def another_order(sequences: list[list[int]]) -> list[int]:
+    """A shuffle of the batch's rows that the batch itself seeds, never the batch's own order
+    (for two or more rows). Not drawn: drawn, it would steer Hypothesis's later draws away from
+    the batches prefill parity draws, which the engine then scores once for both
+    (``shared_engine``)."""
+    order = list(range(len(sequences)))
+    random.Random(repr(sequences)).shuffle(order)
+    if order == sorted(order):
+        order = order[1:] + order[:1]
+    return order
+
+
 @given(data=st.data())
-def test_scoring_is_deterministic(data, engine, model, depth, recorder):
+def test_scoring_is_deterministic(data, engine, shared_engine, model, depth, recorder):
     shape, sequences = data.draw(prompt_batches(model, depth, min_len=2), label="batch")
-    order = data.draw(st.permutations(range(len(sequences))), label="order")
+    order = another_order(sequences)
     recorder.case(sequences, shape, order=order)
 
-    first = engine.score(sequences)
+    first = shared_engine.score(sequences)
     again = engine.score(sequences)
     shuffled = engine.score([sequences[i] for i in order])
     reordered = [shuffled[order.index(i)] for i in range(len(sequences))]
@@ -36,7 +53,7 @@ def test_scoring_is_deterministic(data, engine, model, depth, recorder):
 
 
 @given(data=st.data())
-def test_seeded_sampling_is_deterministic(data, engine, model, depth, recorder):
+def test_seeded_sampling_is_deterministic(data, engine, shared_engine, model, depth, recorder):
     if engine.info().get("seeded") is False:
         pytest.skip(f"engine {engine.name!r} cannot seed its sampling (its info() says so)")
     spec = data.draw(rollout_specs(model, depth), label="sampling")
@@ -45,7 +62,7 @@ def test_seeded_sampling_is_deterministic(data, engine, model, depth, recorder):
     )
     recorder.case(prompts, shape, spec)
 
-    first = engine.generate(prompts, spec)
+    first = shared_engine.generate(prompts, spec)
     again = engine.generate(prompts, spec)
 
     changed = [

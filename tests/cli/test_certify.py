@@ -54,14 +54,19 @@ def test_default_stack_is_certified(tmp_path, cli_env):
     # one test per spec: the four single dimensions and the three filtered specs RL samples
     # with (hf-generate takes min-p)
     assert len(sampler) == 7 and all(c["metrics"]["sampler_p_value"] >= 2.5e-4 for c in sampler)
-    # the support property counted every filtered spec's tokens, none outside
+    # the support property counted every filtered spec's tokens, none outside: rollout
+    # parity's batches where seeded determinism sampled them, the engine answering once
+    events = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    shared = [e for e in events if e["event"] == "shared_answer" and e["method"] == "generate"]
+    assert shared and all(
+        "rollout_parity" in e["nodeid"] and "seeded_sampling" in e["asked_by"] for e in shared
+    )
     audited = [c["metrics"] for c in measured if "support_tokens" in c["metrics"]]
-    assert {"sampler_fidelity", "rollout_parity"} <= {
+    assert {"sampler_fidelity", "determinism"} <= {
         c["suite"] for c in measured if "support_tokens" in c["metrics"]
     }
     assert all(m["support_tokens"] > 0 and m["out_of_support_tokens"] == 0 for m in audited)
     # streamed as it ran: one measurement line per example, then a check line per test
-    events = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert sum(e["event"] == "measurement" for e in events) >= sum(
         c["examples_run"] for c in report["checks"]
     )
