@@ -83,26 +83,38 @@ def _check_time(check: dict) -> dict:
 
 def _with_decode_steps(checks: list[dict], results: Path) -> list[dict]:
     """Each check with the rollout steps its measured cases asked for (the sum of their
-    ``max_new_tokens``: one engine pass each, more where a suite samples a case again) and the
+    ``max_new_tokens``: one engine pass each, more where a suite samples a case again), those
+    of them answered with another check's rollouts (a ``shared_answer`` event for ``generate``
+    before the case's measurement), the engine answers it took from other checks, and the
     examples it skipped as repeats (``repeated_case`` events), from results.jsonl."""
-    steps: dict[str, int] = {}
-    repeats: dict[str, int] = {}
+    counts: dict[str, dict[str, int]] = {}
     last: dict[str, str] = {}
+    shared_rollout: set[str] = set()
     for line in results.read_text().splitlines():
         event = json.loads(line)
         name = event.get("nodeid", "").rpartition("::")[2]
+        count = counts.setdefault(name, dict.fromkeys(FIELDS, 0))
         case = event.get("case") or {}
         if event["event"] == "repeated_case":
-            repeats[name] = repeats.get(name, 0) + 1
+            count["repeats"] += 1
+        elif event["event"] == "shared_answer":
+            count["shared_answers"] += 1
+            if event["method"] == "generate":
+                shared_rollout.add(name)
         # an example measuring twice (mixed requests) logs its case twice in a row
         elif event["event"] == "measurement" and case.get("sampling"):
             if last.get(name) != (key := json.dumps(case, sort_keys=True)):
-                steps[name] = steps.get(name, 0) + case["sampling"]["max_new_tokens"]
+                steps = case["sampling"]["max_new_tokens"]
+                count["decode_steps_asked"] += steps
+                if name in shared_rollout:
+                    count["decode_steps_shared"] += steps
+            shared_rollout.discard(name)
             last[name] = key
-    return [
-        {**c, "decode_steps_asked": steps.get(c["name"], 0), "repeats": repeats.get(c["name"], 0)}
-        for c in checks
-    ]
+    return [{**c, **counts.get(c["name"], dict.fromkeys(FIELDS, 0))} for c in checks]
+
+
+#: what :func:`_with_decode_steps` adds to each check
+FIELDS = ("decode_steps_asked", "decode_steps_shared", "shared_answers", "repeats")
 
 
 def _own_profile(args: argparse.Namespace, shape: list[str], cache: Path) -> Path:
