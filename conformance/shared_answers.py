@@ -62,10 +62,6 @@ class SharedAnswers:
         self._log = log
         self._kept: dict[str, _Kept] = {}
 
-    @property
-    def name(self) -> str:
-        return self._engine.name
-
     def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec) -> list[Completion]:
         return self._ask("generate", (prompts, spec))
 
