@@ -81,6 +81,10 @@ def _check_time(check: dict) -> dict:
     return {key: check[key] for key in keys}
 
 
+#: what :func:`_with_decode_steps` adds to each check
+FIELDS = ("decode_steps_asked", "decode_steps_shared", "shared_answers", "repeats")
+
+
 def _with_decode_steps(checks: list[dict], results: Path) -> list[dict]:
     """Each check with the rollout steps its measured cases asked for (the sum of their
     ``max_new_tokens``: one engine pass each, more where a suite samples a case again), those
@@ -111,10 +115,6 @@ def _with_decode_steps(checks: list[dict], results: Path) -> list[dict]:
             shared_rollout.discard(name)
             last[name] = key
     return [{**c, **counts.get(c["name"], dict.fromkeys(FIELDS, 0))} for c in checks]
-
-
-#: what :func:`_with_decode_steps` adds to each check
-FIELDS = ("decode_steps_asked", "decode_steps_shared", "shared_answers", "repeats")
 
 
 def _own_profile(args: argparse.Namespace, shape: list[str], cache: Path) -> Path:
