@@ -68,6 +68,7 @@ def run_once(
 
 
 def verdict(out: Path) -> str:
+    """The verdict of the run in ``out``: pass, fail or incomplete."""
     return json.loads((out / "report.json").read_text())["verdict"]
 
 
@@ -79,10 +80,14 @@ def violated(report: dict) -> list[str]:
 
 
 def pooled(report: dict) -> str:
-    """Rollout parity's |Σ log ρ|/√n and the bound its pool was held to (``0.147/0.18``)."""
+    """Rollout parity's |Σ log ρ|/√n and the bound its pool was held to (``0.147/0.18``); ``-``
+    where the run measured none (it stopped before a check finished)."""
     name = "log_ratio_sum_per_sqrt_tokens"
-    check = report["checks"][0]
-    return f"{check['metrics'][name]:.3g}/{check['thresholds'][name]:.3g}"
+    for check in report["checks"]:
+        value, bound = check.get("metrics", {}).get(name), check.get("thresholds", {}).get(name)
+        if value is not None and bound is not None:
+            return f"{value:.3g}/{bound:.3g}"
+    return "-"
 
 
 def first_breach(report: dict) -> str:
