@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 
 from conformance.metric_table import metric
-from conformance.profiles.calibrate import FACTORS, Plan, default_backend_dtypes, measure
+from conformance.profiles.calibrate import Z_SIGMAS, Plan, default_backend_dtypes, measure
 
 #: the standard normal's 10th percentile
 Z_10 = -1.2815515655446004
@@ -51,8 +51,8 @@ def main() -> None:
     values = measure(plan, progress=lambda _: None)[0]["decoded"][name].values
     # measure's order: backend precision, then batch size, then sampling seed
     per_batch = [values[i : i + args.seeds] for i in range(0, len(values), args.seeds)]
-    factor = FACTORS[args.dtype]
-    print("| seeds | draws k | rms | worst | Z(k) | Z(k) × rms | 7 × rms | factor × worst |")
+    columns = ("seeds", "draws k", "rms", "worst", "Z(k)", "Z(k) × rms", f"{Z_SIGMAS:g} × rms")
+    print(f"| {' | '.join(columns)} | factor × worst |")
     print("|---|---|---|---|---|---|---|---|")
     for seeds in range(2, args.seeds + 1):
         draws = [v for batch in per_batch for v in batch[:seeds]]
@@ -60,8 +60,8 @@ def main() -> None:
         worst = max(draws, key=metric(name).deviation)
         print(
             f"| {seeds} | {len(draws)} | {rms:.3g} | {worst:.3g} | "
-            f"{z_for(len(draws)):.2f} | {z_for(len(draws)) * rms:.3g} | {7 * rms:.3g} | "
-            f"{factor * worst:.3g} |"
+            f"{z_for(len(draws)):.2f} | {z_for(len(draws)) * rms:.3g} | {Z_SIGMAS * rms:.3g} | "
+            f"{plan.factor * worst:.3g} |"
         )
 
 

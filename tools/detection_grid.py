@@ -56,20 +56,19 @@ def run_once(
     """One certify of the broken engine at ``value`` under Hypothesis ``seed``; its
     report.json. A run already in ``out`` is reused unless it was cut short (incomplete)."""
     engine, option = ENGINES[kind]
-    if not (out / "report.json").is_file() or verdict(out) == "incomplete":
-        subprocess.run(
-            [sys.executable, "-m", "conformance", "certify", "--model", str(model),
-             "--engine", f"tests.support.engines:{engine}", "--engine-option",
-             f"{option}={value}", "--engine-dtype", dtype, "--profile", str(profile),
-             "--suite", "rollout_parity", "--seed", str(seed), *shape, "--out", str(out)],
-            capture_output=True,
-        )  # fmt: skip
-    return json.loads((out / "report.json").read_text())
-
-
-def verdict(out: Path) -> str:
-    """The verdict of the run in ``out``: pass, fail or incomplete."""
-    return json.loads((out / "report.json").read_text())["verdict"]
+    done = out / "report.json"
+    if done.is_file():
+        report = json.loads(done.read_text())
+        if report["verdict"] != "incomplete":
+            return report
+    subprocess.run(
+        [sys.executable, "-m", "conformance", "certify", "--model", str(model),
+         "--engine", f"tests.support.engines:{engine}", "--engine-option",
+         f"{option}={value}", "--engine-dtype", dtype, "--profile", str(profile),
+         "--suite", "rollout_parity", "--seed", str(seed), *shape, "--out", str(out)],
+        capture_output=True,
+    )  # fmt: skip
+    return json.loads(done.read_text())
 
 
 def violated(report: dict) -> list[str]:
