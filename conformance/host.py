@@ -45,4 +45,6 @@ def device_info() -> dict[str, Any]:
         "kind": "cpu",
         "name": platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
+        # the SIMD kernels ATen dispatches to (AVX2, AVX512, …): their reductions round apart
+        "capability": torch.backends.cpu.get_cpu_capability(),
     }

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,15 @@ NUMERICS_ENV_PREFIXES = (
     "ONEDNN_",
     "DNNL_",
     "FLASH_ATTENTION",
+    # which CPU kernels ATen dispatches to, OpenMP's and OpenBLAS's threads, NCCL's reduction
+    # algorithm, SGLang's kernel switches and Triton's fp32 dot precision
+    "ATEN_CPU_CAPABILITY",
+    "KMP_",
+    "OPENBLAS_NUM_THREADS",
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+    "SGL_",
+    "TRITON_F32_DEFAULT",
 )
 #: engine- and backend-info fields that differ between two runs of the same stack (a server's
 #: port and pid, the rank processes' pids)
@@ -334,9 +344,17 @@ def fingerprint(
         "env": numerics_env(),
         "python_executable": sys.executable,
     }
-    hashed = {k: v for k, v in stack.items() if k != "python_executable"}
+    return {"fingerprint": stack_fingerprint(stack), **stack}
+
+
+def stack_fingerprint(stack: Mapping[str, Any]) -> str:
+    """The hash of a recorded stack (report.json's, or a certificate's without its volatile
+    fields) over all of it but where it runs from: the Python executable, the model's path and
+    the info fields that differ between runs (``VOLATILE_INFO``). ``certify --check``
+    recomputes a certificate's fingerprint with it, so an edited stack or fingerprint shows."""
+    hashed = {k: v for k, v in stack.items() if k not in ("fingerprint", "python_executable")}
     hashed["model"] = {k: v for k, v in stack["model"].items() if k != "path"}
-    for key, info in (("engine_info", engine_info), ("backend_info", backend_info)):
-        hashed[key] = {k: v for k, v in info.items() if k not in VOLATILE_INFO}
+    for key in ("engine_info", "backend_info"):
+        hashed[key] = {k: v for k, v in stack[key].items() if k not in VOLATILE_INFO}
     canonical = json.dumps(hashed, sort_keys=True, default=str).encode()
-    return {"fingerprint": hashlib.sha256(canonical).hexdigest(), **stack}
+    return hashlib.sha256(canonical).hexdigest()
