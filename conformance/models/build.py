@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,16 +15,6 @@ from conformance.models.tokenizer import MIN_VOCAB, SPECIAL_TOKENS, save_tokeniz
 if TYPE_CHECKING:
     import torch
 
-#: --arch name → (transformers model_type, arch-specific config fields)
-ARCHS: dict[str, tuple[str, dict[str, object]]] = {
-    "llama": ("llama", {}),
-    "qwen2": ("qwen2", {"use_sliding_window": False}),
-    "qwen3": ("qwen3", {"use_sliding_window": False}),
-    "qwen3-moe": (
-        "qwen3_moe",
-        {"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": True},
-    ),
-}
 #: vLLM's CPU attention has no kernel for head size 16; 32 is its smallest
 HEAD_DIM = 32
 #: long enough for the deep search: prompts of thousands of tokens plus 2,048 new ones
@@ -32,6 +23,148 @@ MAX_POSITIONS = 4096
 LOGIT_STD = 4.0
 #: spread of norm weights around 1 and of biases around 0
 VECTOR_STD = 0.1
+
+
+#: the window of the sliding-window families: small, so the suites' prompts (2–512 tokens at the
+#: quick depth) cross it
+WINDOW = 64
+#: the original context of the RoPE-scaled families: the quick depth's prompts reach past it
+ROPE_ORIGINAL_POSITIONS = 256
+#: the SSM chunk of the hybrid family: prefill scans in chunks of this many tokens, decode steps
+#: the recurrence one token at a time, so a rollout past it crosses a chunk boundary
+SSM_CHUNK = 32
+
+
+@dataclass(frozen=True)
+class Family:
+    """An ``--arch``: a transformers model type and the config that gives it its features.
+
+    ``features`` names what distinguishes the family (what a conformance run must reach);
+    ``logit_gain`` is what the family's head multiplies logits by (Granite divides by
+    ``logits_scaling``, Cohere multiplies by ``logit_scale``), which the LM head's init divides
+    out so every family's logits have the spread :data:`LOGIT_STD` gives.
+    """
+
+    model_type: str
+    features: str
+    config: Mapping[str, object] = field(default_factory=dict)
+    #: layer kinds repeated over the layers (``layer_types``), for interleaved families
+    layer_pattern: tuple[str, ...] = ()
+    tied: bool = False
+    logit_gain: float = 1.0
+    #: what norm weights are drawn around: 1, or 0 for norms that scale by (1 + weight)
+    norm_center: float = 1.0
+
+    def config_fields(self, layers: int) -> dict[str, object]:
+        fields = dict(self.config)
+        if self.layer_pattern:
+            period = len(self.layer_pattern)
+            fields["layer_types"] = [self.layer_pattern[i % period] for i in range(layers)]
+        return fields
+
+
+SLIDING_THEN_FULL = ("sliding_attention", "full_attention")
+
+#: --arch name → its family
+ARCHS: dict[str, Family] = {
+    "llama": Family("llama", "dense decoder"),
+    "qwen2": Family("qwen2", "dense decoder, QKV biases", {"use_sliding_window": False}),
+    "qwen3": Family("qwen3", "dense decoder, QK norms", {"use_sliding_window": False}),
+    "qwen3-moe": Family(
+        "qwen3_moe",
+        "MoE: 4 experts, top-2, normalised top-k",
+        {"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": True},
+    ),
+    "gemma2": Family(
+        "gemma2",
+        f"sliding window {WINDOW} on alternate layers, final-logit soft-cap 10, attention "
+        "soft-cap 2, tied head (transformers runs it with eager attention only)",
+        {
+            "sliding_window": WINDOW,
+            # caps near the logits' and scores' own spread (a tied head's logit for the token just
+            # read sits near 30, the rest near 4; scores about 1), so tanh bends them
+            "final_logit_softcapping": 10.0,
+            "attn_logit_softcapping": 2.0,
+            "query_pre_attn_scalar": HEAD_DIM,
+        },
+        layer_pattern=SLIDING_THEN_FULL,
+        tied=True,
+        norm_center=0.0,
+    ),
+    "mistral": Family(
+        "mistral", f"sliding window {WINDOW} on every layer", {"sliding_window": WINDOW}
+    ),
+    "gpt-oss": Family(
+        "gpt_oss",
+        f"attention sinks, sliding window {WINDOW} on alternate layers, MoE (4 experts, top-2), "
+        f"yarn RoPE past {ROPE_ORIGINAL_POSITIONS} positions (transformers runs it with eager "
+        "attention only)",
+        {
+            "sliding_window": WINDOW,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "factor": MAX_POSITIONS / ROPE_ORIGINAL_POSITIONS,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": ROPE_ORIGINAL_POSITIONS,
+                "rope_theta": 150000.0,
+            },
+        },
+        layer_pattern=SLIDING_THEN_FULL,
+    ),
+    "granite": Family(
+        "granite", "logits divided by logits_scaling 8", {"logits_scaling": 8.0}, logit_gain=1 / 8
+    ),
+    "cohere": Family(
+        "cohere",
+        "logits multiplied by logit_scale 0.0625, parallel attention and MLP, LayerNorm, "
+        "untied head",
+        {"logit_scale": 0.0625},
+        logit_gain=0.0625,
+    ),
+    "qwen2-moe": Family(
+        "qwen2_moe",
+        "MoE with a shared expert, top-k weights not normalised, a leading dense layer",
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "norm_topk_prob": False,
+            "shared_expert_intermediate_size": 64,
+            "mlp_only_layers": [0],
+            "use_sliding_window": False,
+        },
+    ),
+    "bamba": Family(
+        "bamba",
+        f"hybrid: a Mamba-2 SSM layer (chunk {SSM_CHUNK}) then an attention layer",
+        {
+            "attn_layer_indices": [1],
+            "mamba_n_heads": 4,
+            "mamba_d_head": HEAD_DIM,
+            "mamba_d_state": 16,
+            "mamba_chunk_size": SSM_CHUNK,
+            "mamba_expand": 2,
+            "mamba_n_groups": 1,
+        },
+    ),
+    "llama-rope-scaled": Family(
+        "llama",
+        f"llama3 RoPE scaling (factor 8) of an original {ROPE_ORIGINAL_POSITIONS}-position context",
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": ROPE_ORIGINAL_POSITIONS,
+                "rope_theta": 10000.0,
+            }
+        },
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -105,10 +238,10 @@ def _random_model(arch: str, seed: int, vocab: int, layers: int, hidden: int) ->
     from transformers.utils import logging
 
     logging.disable_progress_bar()
-    model_type, extra = ARCHS[arch]
+    family = ARCHS[arch]
     bos, eos, pad = range(len(SPECIAL_TOKENS))
     config = AutoConfig.for_model(
-        model_type,
+        family.model_type,
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
@@ -119,37 +252,42 @@ def _random_model(arch: str, seed: int, vocab: int, layers: int, hidden: int) ->
         head_dim=HEAD_DIM,
         max_position_embeddings=MAX_POSITIONS,
         rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
+        tie_word_embeddings=family.tied,
         bos_token_id=bos,
         eos_token_id=eos,
         pad_token_id=pad,
-        **extra,
+        **family.config_fields(layers),
     )
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos, pad_token_id=pad)
-    _initialise(model, torch.Generator().manual_seed(seed), hidden)
+    _initialise(model, torch.Generator().manual_seed(seed), hidden, family)
     return model.eval()
 
 
-def _initialise(model: torch.nn.Module, generator: torch.Generator, hidden: int) -> None:
+def _initialise(
+    model: torch.nn.Module, generator: torch.Generator, hidden: int, family: Family
+) -> None:
     """Draw every parameter from ``generator`` in name order, so weights depend on the seed only.
 
-    Norm weights are 1 + N(0, VECTOR_STD²), biases N(0, VECTOR_STD²). Projections get std
-    1/√fan_in: activations keep unit scale, so attention and MLP shape the hidden state, not
-    just the current token's embedding. The LM head gets std LOGIT_STD/√hidden: the final
-    RMSNorm gives unit-RMS features, so logits have std ≈ LOGIT_STD.
+    Norm weights are ``norm_center`` + N(0, VECTOR_STD²), other vectors (biases, attention
+    sinks, SSM decay and skip terms) N(0, VECTOR_STD²). Projections get std 1/√fan_in:
+    activations keep unit scale, so attention and MLP shape the hidden state, not just the
+    current token's embedding. The LM head gets std LOGIT_STD/(√hidden · logit_gain): the final
+    norm gives unit-RMS features, so logits have std ≈ LOGIT_STD whatever the family's head
+    multiplies them by. A tied head is the embedding, which then gets the head's std.
     """
     import torch
 
+    head_std = LOGIT_STD / (math.sqrt(hidden) * family.logit_gain)
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
             if param.ndim == 1:
                 # not exactly 1 and 0, so an engine that drops a norm weight or a bias shows
                 param.normal_(0.0, VECTOR_STD, generator=generator)
                 if "norm" in name:
-                    param.add_(1.0)
-            elif name.startswith("lm_head"):
-                param.normal_(0.0, LOGIT_STD / math.sqrt(hidden), generator=generator)
+                    param.add_(family.norm_center)
+            elif name.startswith("lm_head") or (family.tied and "embed_tokens" in name):
+                param.normal_(0.0, head_std, generator=generator)
             elif "embed_tokens" in name:
                 param.normal_(0.0, 1.0, generator=generator)
             else:
