@@ -48,6 +48,9 @@ NUMERICS_ENV_PREFIXES = (
     "SGL_",
     "TRITON_F32_DEFAULT",
 )
+#: endings of those variables that only say where a cache lives: torch sets
+#: TORCHINDUCTOR_CACHE_DIR itself, to a folder named after the user, once inductor loads
+_CACHE_LOCATIONS = ("_CACHE_DIR", "_CACHE_ROOT")
 #: engine- and backend-info fields that differ between two runs of the same stack (a server's
 #: port and pid, the rank processes' pids)
 VOLATILE_INFO = frozenset({"url", "port", "pid", "pids"})
@@ -306,7 +309,11 @@ def _positive_number(name: str, value: Any) -> float:
 
 
 def numerics_env() -> dict[str, str]:
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(NUMERICS_ENV_PREFIXES)}
+    return {
+        k: v
+        for k, v in sorted(os.environ.items())
+        if k.startswith(NUMERICS_ENV_PREFIXES) and not k.endswith(_CACHE_LOCATIONS)
+    }
 
 
 def parallelism(engine_info: dict[str, Any], backend_info: dict[str, Any]) -> dict[str, Any]:
