@@ -20,25 +20,47 @@ if TYPE_CHECKING:
 TRANSFORMERS_RELEASES = ReleaseRange("transformers", min="5.17.0", max_tested="5.24.0")
 
 
+#: the attention implementation transformers picks for the model itself: SDPA where the model
+#: supports it, eager where that is all it has (Gemma-2 and gpt-oss in transformers 5.25), so
+#: every place that loads a model (engine, backend, calibration, a fresh engine after a weight
+#: sync) loads one that runs
+AUTO_ATTN = "auto"
+
+
 def load_causal_lm(model: Path, dtype: str, attn_implementation: str) -> PreTrainedModel:
-    """Load a causal LM from a local folder, offline, in eval mode on CPU/GPU as available."""
+    """Load a causal LM from a local folder, offline, in eval mode on CPU/GPU as available.
+
+    ``attn_implementation`` is transformers' name for one, or :data:`AUTO_ATTN`; the one in use
+    is ``lm.config._attn_implementation`` (:func:`attention_in_use`)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    asked = None if attn_implementation == AUTO_ATTN else attn_implementation
     try:
         lm = AutoModelForCausalLM.from_pretrained(
-            str(model), dtype=torch_dtype(dtype), attn_implementation=attn_implementation
+            str(model), dtype=torch_dtype(dtype), attn_implementation=asked
         )
     except (OSError, ValueError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if asked is not None and "does not support" in first_line:
+            raise ModelError(
+                f"{model} cannot run attention implementation {asked!r}: {first_line}",
+                f"leave the attention implementation at {AUTO_ATTN!r} (the model's own) or name "
+                "one it supports, e.g. eager",
+            ) from exc
         raise ModelError(
             f"cannot load a causal LM from {model}: {first_line}",
             "pass --model DIR with a transformers model folder, e.g. one made by "
             "`tim-conformance make-model DIR`",
         ) from exc
     return lm.to(device()).eval()
+
+
+def attention_in_use(lm: PreTrainedModel) -> str:
+    """The attention implementation a loaded model runs (what :data:`AUTO_ATTN` resolved to)."""
+    return str(lm.config._attn_implementation)
 
 
 def device() -> torch.device:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from conformance.errors import UsageError
+from conformance.hf_model import AUTO_ATTN
 from conformance.parallel import ParallelSetting
 from conformance.releases import ReleaseRange
 from conformance.routing import Routes
@@ -41,7 +42,7 @@ class BackendConfig:
     dtype: str = "float32"
     micro_batch_size: int = 8
     layout: Layout = "right-pad"
-    attn_implementation: str = "sdpa"
+    attn_implementation: str = AUTO_ATTN
     #: backend-specific settings as ``--backend-option KEY=VALUE`` gives them (strings)
     options: Mapping[str, str] = field(default_factory=dict)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from conformance.backends._layout import (
     check_feeding,
@@ -19,7 +19,7 @@ from conformance.backends._layout import (
 )
 from conformance.backends.base import Backend, BackendConfig, Recompute
 from conformance.component_options import parse_engine_options
-from conformance.hf_model import TRANSFORMERS_RELEASES, load_causal_lm
+from conformance.hf_model import TRANSFORMERS_RELEASES, attention_in_use, load_causal_lm
 from conformance.routing import Routes, replay_mode, replay_of
 
 if TYPE_CHECKING:
@@ -46,6 +46,10 @@ class HFBackend(Backend):
     @property
     def module(self) -> torch.nn.Module:
         return self._model
+
+    def info(self) -> dict[str, Any]:
+        # the implementation in use, not the one asked for: "auto" names none
+        return {**super().info(), "attn_implementation": attention_in_use(self._model)}
 
     def update(self, batch: PolicyBatch) -> dict[str, float]:
         import torch

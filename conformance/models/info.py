@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.errors import ModelError
+from conformance.models.features import ModelFeature, model_features
 
 #: files that make up a model's identity (config, weights, tokenizer); READMEs and the like do not
 _IDENTITY_SUFFIXES = frozenset({".json", ".safetensors", ".txt", ".model", ".jinja"})
@@ -42,6 +43,9 @@ class ModelInfo:
     #: whether the tokenizer has a chat template (:func:`has_chat_template`): the suites then
     #: draw chat-templated natural-language prompts among the random ones
     chat_template: bool = False
+    #: what distinguishes the model's architecture, which a run must reach
+    #: (:mod:`conformance.models.features`)
+    features: tuple[ModelFeature, ...] = ()
 
 
 def inspect_model(path: Path) -> ModelInfo:
@@ -84,6 +88,7 @@ def inspect_model(path: Path) -> ModelInfo:
         sha256=folder_digest(path),
         num_experts=_experts(config),
         chat_template=has_chat_template(path),
+        features=model_features(config),
     )
 
 
