@@ -74,7 +74,8 @@ def as_text(value: object) -> str:
     if isinstance(value, float):
         return number(value)
     if isinstance(value, dict | list):
-        return json.dumps(value, sort_keys=True)
+        # the characters themselves: a page shows "–", never its JSON escape
+        return json.dumps(value, sort_keys=True, ensure_ascii=False)
     return str(value)
 
 

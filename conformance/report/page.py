@@ -11,9 +11,18 @@ from typing import Any
 
 from conformance.metric_table import BY_NAME, HEADLINE_METRICS, worst_metrics
 from conformance.report import plots
+from conformance.report.bounds import bound_reasons, closeness, holds_nothing
 from conformance.report.html import Markup, as_text, code_block, esc, join, page, table, tag
-from conformance.report.schema import Check, Report, as_report
-from conformance.report.stats import pool_samples
+from conformance.report.schema import (
+    BOUND_NOTE,
+    FAILED,
+    Check,
+    Judgement,
+    ProfileInfo,
+    Report,
+    as_report,
+)
+from conformance.report.stats import fraction_of_bound, pool_samples
 
 #: failing checks shown in full per suite; the rest are listed in one line each
 MAX_DETAILED_FAILURES = 20
@@ -31,23 +40,28 @@ VERDICTS = {
     "fail": ("bad", "NOT CERTIFIED"),
     "incomplete": ("warn", "INCOMPLETE"),
 }
-STATUS_MARK = {
+#: how each judgement reads: a tick for a check held to a bound, and for nothing else
+JUDGEMENT_MARK: dict[Judgement, str] = {
     "pass": "✔ pass",
     "fail": "✘ fail",
-    "error": "✘ error",
-    "interrupted": "✘ interrupted",
-    "skip": "– skip",
+    "reported": "○ reported, not judged",
+    "skipped": "– skipped",
+    "not reached": "– not reached",
 }
-#: check statuses that stop a stack from being certified
-_BAD = ("fail", "error", "interrupted")
+JUDGEMENTS: tuple[Judgement, ...] = tuple(JUDGEMENT_MARK)
 
 
 def render_html(report: Report | Mapping[str, Any], *, rl_curves: list[dict] | None = None) -> str:
     """The report page as a string (see ``write_html``)."""
     report = as_report(report)
     grouped = report.suites()
-    body = [verdict_banner(report), run_table(report), suite_overview(grouped)]
-    body += [suite_section(name, checks) for name, checks in grouped.items()]
+    body = [
+        verdict_banner(report),
+        closeness_section(report.checks),
+        run_table(report),
+        suite_overview(grouped),
+    ]
+    body += [suite_section(name, checks, report.profile) for name, checks in grouped.items()]
     if report.rl or rl_curves:
         body.append(rl_section(report.rl or {}, rl_curves or []))
     body.append(tag("footer", f"tim-conformance report · {report.created}"))
@@ -109,29 +123,71 @@ def scope_note(report: Report) -> str:
 
 
 def verdict_banner(report: Report) -> Markup:
+    """The verdict in a word, the checks by judgement, and the warnings a reader must see
+    before trusting it: a pass of some suites only, a release newer than tested."""
     cls, word = VERDICTS[report.verdict][0], verdict_word(report)
-    statuses = Counter(c.status for c in report.checks)
-    failed = sum(statuses[s] for s in _BAD)
-    detail = f"{statuses['pass']} of {len(report.checks)} checks passed"
-    if failed:
-        detail += f", {failed} failed"
-    if statuses["skip"]:
-        detail += f", {statuses['skip']} skipped"
+    if scope_note(report):
+        cls = "scoped"  # not the certificate's green: it certifies no stack
+    judged = Counter(c.judgement for c in report.checks)
+    counts = [f"{judged['pass']} of {len(report.checks)} checks passed"] + [
+        f"{judged[j]} {'failed' if j == 'fail' else j}" for j in JUDGEMENTS[1:] if judged[j]
+    ]
+    detail = ", ".join(counts)
     for why in (report.reason, scope_note(report)):
         if why:
             detail += f" — {why}"
-    profile = report.profile.name
-    return tag(
-        "header",
-        join(
-            [
-                tag("div", word, cls="verdict-word"),
-                tag("div", join([tag("b", f"profile {profile}"), " · ", detail]), cls="why"),
-            ]
-        ),
-        cls=f"verdict {cls}",
-        id="verdict",
+    lines: list[object] = [
+        tag("div", word, cls="verdict-word"),
+        tag("div", join([tag("b", f"profile {report.profile.name}"), " · ", detail]), cls="why"),
+    ]
+    lines += [tag("div", f"⚠ {line}", cls="why warn") for line in release_warnings(report)]
+    return tag("header", join(lines), cls=f"verdict {cls}", id="verdict")
+
+
+def release_warnings(report: Report) -> list[str]:
+    """One line per engine or backend whose installed release is not one it was tested on
+    (the ``release`` record its info holds), as certify warned."""
+    lines = []
+    for side in ("engine", "backend"):
+        release = (report.stack.get(f"{side}_info") or {}).get("release")
+        if isinstance(release, dict) and release.get("standing") not in (None, "supported"):
+            lines.append(
+                f"{release.get('package')} {release.get('installed')} is "
+                f"{release.get('standing')} by {side} {report.stack[side]!r} "
+                f"(tested: {release.get('supported')})"
+            )
+    return lines
+
+
+def closeness_section(checks: list[Check]) -> Markup:
+    """The fraction-of-bound chart of every judged check that records a bound, and the ones
+    that could not be drawn."""
+    rows = [row for c in checks if c.judgement in ("pass", "fail") and (row := closeness(c))]
+    undrawn = [c for c in checks if c.judgement in ("pass", "fail") and closeness(c) is None]
+    parts: list[object] = [tag("h2", "How close each check came to its bound")]
+    if rows:
+        parts.append(tag("div", plots.closeness_chart(rows), cls="closeness"))
+    parts.append(
+        tag(
+            "p",
+            "each judged check's worst metric as a fraction of its bound: its departure from "
+            "the metric's ideal over the departure the bound allows (for a lower bound such as "
+            "pcc ≥ 1 − 1e-6, a pcc of 1 − 5e-7 is 0.5); past the line at 1 a check fails. "
+            "Log scale; a check at its ideal value is drawn at the left edge.",
+            cls="sub",
+        )
     )
+    if undrawn:
+        parts.append(
+            tag(
+                "p",
+                f"not drawn ({len(undrawn)}), judged without a bound the report records: "
+                + ", ".join(f"{c.name} ({_judgement_text(c)})" for c in undrawn[:20])
+                + (" …" if len(undrawn) > 20 else ""),
+                cls="sub",
+            )
+        )
+    return tag("section", join(parts), id="closeness")
 
 
 def calibrated_on(provenance: dict[str, Any] | None) -> str:
@@ -178,8 +234,13 @@ def run_table(report: Report) -> Markup:
         ("seed · examples", f"{report.seed} · {report.examples}"),
     ]
     for key in ("engine_info", "backend_info"):
-        if stack.get(key):
-            rows.append((key.replace("_", " "), _pairs(stack[key])))
+        info = stack.get(key)
+        if isinstance(info, dict) and info:
+            # one row per field, a nested record's fields inline: readable, never raw JSON
+            details = [
+                (k, _pairs(v) if isinstance(v, dict) else as_text(v)) for k, v in info.items()
+            ]
+            rows.append((key.replace("_", " "), table(["", ""], details, cls="kv inner")))
     return join(
         [
             tag("section", table(["", ""], rows, cls="kv"), cls="run"),
@@ -189,42 +250,32 @@ def run_table(report: Report) -> Markup:
     )
 
 
-def suite_status(counts: Counter) -> str:
+def suite_status(counts: Counter) -> Judgement:
     """A suite fails if any check did; it passed only if a check passed (and none failed);
-    a suite whose checks were all skipped shows as skipped."""
-    if any(counts[s] for s in _BAD):
-        return "fail"
-    return "pass" if counts["pass"] else "skip"
+    else it reads as its checks do: reported, not reached, skipped (in that order)."""
+    return next((j for j in ("fail", "pass", "reported", "not reached") if counts[j]), "skipped")
 
 
 def suite_overview(grouped: dict[str, list[Check]]) -> Markup:
     rows = []
     for name, checks in grouped.items():
-        counts = Counter(c.status for c in checks)
-        mark = _mark(suite_status(counts))
+        counts = Counter(c.judgement for c in checks)
         link = Markup(f'<a href="#suite-{esc(_anchor(name))}">{esc(name)}</a>')
-        rows.append(
-            [
-                link,
-                mark,
-                len(checks),
-                counts["pass"],
-                counts["fail"],
-                counts["error"],
-                counts["skip"],
-            ]
-        )
+        status = suite_status(counts)
+        rows.append([link, _mark(status), len(checks), *(counts[j] for j in JUDGEMENTS)])
     return join(
         [
             tag("h2", "Suites"),
-            table(["suite", "", "checks", "pass", "fail", "error", "skip"], rows, cls="overview"),
+            table(["suite", "", "checks", *JUDGEMENTS], rows, cls="overview"),
         ]
     )
 
 
-def suite_section(name: str, checks: list[Check]) -> Markup:
-    parts: list[object] = [tag("h2", name), metric_table(checks)]
-    failing = [c for c in checks if c.status in _BAD]
+def suite_section(name: str, checks: list[Check], profile: ProfileInfo) -> Markup:
+    parts: list[object] = [tag("h2", name), metric_table(checks, profile)]
+    if properties := property_table(checks):
+        parts.append(properties)
+    failing = [c for c in checks if c.status in FAILED]
     if failing:
         parts.append(tag("h3", f"Failing cases ({len(failing)})"))
         parts += [failing_case(c) for c in failing[:MAX_DETAILED_FAILURES]]
@@ -235,45 +286,71 @@ def suite_section(name: str, checks: list[Check]) -> Markup:
                     failing[MAX_DETAILED_FAILURES:],
                 )
             )
-    others = [c for c in checks if c.status not in _BAD]
+    others = [c for c in checks if c.status not in FAILED]
     if others:
-        parts.append(_listing(f"{len(others)} passing or skipped checks", others))
+        counts = Counter(c.judgement for c in others)
+        said = ", ".join(f"{n} {j}" for j, n in counts.items())
+        parts.append(_listing(f"{len(others)} other checks: {said}", others))
     # failing checks first, so a capped pool keeps the samples that explain the failure
     sampled = [c.samples for c in failing + others if c.samples is not None]
     samples = pool_samples(sampled, MAX_PLOTTED_TOKENS)
     if len(samples):
-        parts.append(tag("div", join(plots.token_plots(samples)), cls="charts"))
+        bounds = plots.TokenBounds.of([c.thresholds for c in failing + others])
+        charts, left_out = plots.token_plots(samples, bounds)
+        parts.append(tag("div", join(charts), cls="charts"))
         parts.append(
             tag(
                 "p",
                 f"plots: {len(samples)} tokens pooled from the {len(sampled)} checks with samples "
-                f"(at most {MAX_PLOTTED_TOKENS}, failing checks first)",
+                f"(at most {MAX_PLOTTED_TOKENS}, failing checks first); dashed red: the bound"
+                + "".join(f"; {why}" for why in left_out),
                 cls="sub",
             )
         )
     return tag("section", join(parts), cls="suite", id=f"suite-{_anchor(name)}")
 
 
-def metric_table(checks: list[Check]) -> Markup:
-    """Per metric: its bound, the threshold, the worst measured value, the check whose pool it
-    is, and a mark: failed, passed, or not judged (with the reason the check recorded)."""
-    thresholds: dict[str, float] = {}
-    for check in checks:
-        for metric, value in check.thresholds.items():
-            thresholds.setdefault(metric, value)
+def metric_table(checks: list[Check], profile: ProfileInfo) -> Markup:
+    """Per metric: the bound of the check whose pool the worst measured value is (with why it
+    is not the profile's), that value, its fraction of the bound, the check, and a mark:
+    failed, passed, or not judged (with the reason the check recorded). A property's own
+    metrics are in :func:`property_table`."""
     violated = Counter(v.metric for c in checks for v in c.violations)
-    worst = worst_metrics(c.metrics for c in checks)
+    worst = worst_metrics(
+        {k: v for k, v in c.metrics.items() if k + BOUND_NOTE not in c.metrics} for c in checks
+    )
+    bounded = dict.fromkeys(m for c in checks for m in c.thresholds)
     # thresholded metrics first, in the profile's order; unthresholded ones are informational
-    names = list(thresholds) + [m for m in worst if m not in thresholds]
+    names = list(bounded) + [m for m in worst if m not in bounded]
+    reasons = {c.name: bound_reasons(profile, c) for c in checks if c.thresholds}
     rows = []
     for metric in names:
-        bound = thresholds.get(metric)
-        source = _worst_source(metric, worst.get(metric), checks)
+        value = worst.get(metric)
+        source = _worst_source(metric, value, checks)
+        bound = source.thresholds.get(metric) if source else None
+        if bound is None:
+            bound = next((c.thresholds[metric] for c in checks if metric in c.thresholds), None)
+        others = {c.thresholds[metric] for c in checks if metric in c.thresholds} - {bound}
+        why = reasons.get(source.name, {}).get(metric) if source else None
+        cell: list[object] = [] if bound is None else [f"{_sign(metric)} {as_text(bound)}"]
+        if others:
+            shown = ", ".join(as_text(b) for b in sorted(others)[:3])
+            cell.append(tag("div", f"other checks: {shown}", cls="reason"))
+        if why:
+            cell.append(tag("div", why, cls="reason"))
+        fraction = (
+            ""
+            if bound is None or value is None
+            else "— (holds nothing)"
+            if holds_nothing(metric, bound)
+            else plots.fraction_text(fraction_of_bound(metric, value, bound))
+        )
         rows.append(
             [
                 tag("code", metric),
-                "" if bound is None else f"{_sign(metric)} {as_text(bound)}",
-                worst.get(metric),
+                join(cell),
+                value,
+                fraction,
                 tag("code", source.name) if source else "",
                 "" if bound is None else _judged_mark(metric, violated[metric], checks),
             ]
@@ -282,21 +359,49 @@ def metric_table(checks: list[Check]) -> Markup:
     halves = (
         [rows[: (len(rows) + 1) // 2], rows[(len(rows) + 1) // 2 :]] if len(rows) > 8 else [rows]
     )
-    headers = ["metric", "threshold", "worst measured", "from", ""]
+    headers = ["metric", "bound", "worst measured", "of bound", "from", ""]
     pools = [
         f"{c.name}: {_pool(c)}" + (f" ({reason})" if (reason := _not_judged(c)) else "")
         for c in checks[:MAX_LISTED_CHECKS]
-        if c.metrics
+        if c.tokens
     ]
     notes = (
         "worst measured: a metric's worst value over the checks, each pooled over every example "
-        "the check ran (a failing case below shows its own example's values); not judged: a "
-        "bound the check's verdict did not apply, for the reason given here — "
+        "the check ran (a failing case below shows its own example's values); the bound is "
+        "that check's, with why where it is not the profile's; of bound: how far towards it "
+        "(1 = at the bound); not judged: a bound the check's verdict did not apply, for the "
+        "reason given here — "
     )
     return join(
         [
             tag("div", join(table(headers, half, cls="metrics") for half in halves), cls="tables"),
             tag("p", notes + "; ".join(pools), cls="sub") if pools else "",
+        ]
+    )
+
+
+def property_table(checks: list[Check]) -> Markup:
+    """The checks held to a property's own statistic (a sampler's fidelity p-value): what it
+    measured, over how many draws, and the bound its suite held it to."""
+    rows = [
+        [
+            _check_mark(check),
+            tag("code", check.name),
+            tag("code", name),
+            value,
+            f"{_sign(name)} {as_text(bound)}",
+            _drawn(check),
+        ]
+        for check in checks
+        for name, value in check.metrics.items()
+        if (bound := check.metrics.get(name + BOUND_NOTE)) is not None
+    ]
+    if not rows:
+        return Markup("")
+    return join(
+        [
+            tag("h3", "Properties held to their own bounds"),
+            table(["", "check", "statistic", "value", "bound", "over"], rows, cls="metrics"),
         ]
     )
 
@@ -344,7 +449,7 @@ def failing_case(check: Check) -> Markup:
     parts: list[object] = [
         tag(
             "div",
-            join([_mark(check.status), " ", tag("code", check.name)]),
+            join([_check_mark(check), " ", tag("code", check.name)]),
             cls="case-title",
         ),
         tag("p", check.message, cls="msg"),
@@ -422,6 +527,22 @@ def _pool(check: Check) -> str:
     return f"{tokens}{check.examples_run} examples"
 
 
+def _drawn(check: Check) -> str:
+    """What a check measured over: its pool, else the tokens a property drew (noted as
+    ``…_tokens``: a sampler's draws), else nothing."""
+    if check.tokens:
+        return _pool(check)
+    drawn = next(
+        (
+            f"{int(v)} tokens drawn ({k})"
+            for k, v in check.metrics.items()
+            if k.endswith("_tokens") and k not in BY_NAME
+        ),
+        None,
+    )
+    return drawn or (f"{check.examples_run} examples" if check.examples_run else "")
+
+
 def reproducer(case: Mapping[str, Any]) -> Markup:
     """The case a suite announced (its own fields: prompts, shapes, sampling, others) and the
     replay command."""
@@ -486,7 +607,7 @@ def rl_section(summary: dict, curves: list[dict]) -> Markup:
 
 def _listing(title: str, checks: list[Check]) -> Markup:
     rows = [
-        [_mark(c.status), tag("code", c.name), c.message, c.examples_run]
+        [_check_mark(c), tag("code", c.name), c.message, _drawn(c)]
         for c in checks[:MAX_LISTED_CHECKS]
     ]
     if len(checks) > MAX_LISTED_CHECKS:
@@ -496,7 +617,7 @@ def _listing(title: str, checks: list[Check]) -> Markup:
         join(
             [
                 tag("summary", title),
-                table(["", "check", "message", "examples"], rows, cls="listing"),
+                table(["", "check", "message", "measured over"], rows, cls="listing"),
             ]
         ),
     )
@@ -506,17 +627,39 @@ def _sign(metric: object) -> str:
     return BY_NAME[metric].sign() if metric in BY_NAME else "≤"
 
 
-def _mark(status: str, text: str | None = None) -> Markup:
-    cls = "pass" if status == "pass" else "skip" if status == "skip" else "fail"
-    return tag("span", text or STATUS_MARK.get(status, status), cls=f"mark {cls}")
+def _mark(judgement: Judgement, text: str | None = None) -> Markup:
+    """A judgement's mark: ✔ for a pass alone, ✘ for a failure, a dash or circle otherwise."""
+    cls = judgement if judgement in ("pass", "fail") else "skip"
+    return tag("span", text or JUDGEMENT_MARK[judgement], cls=f"mark {cls}")
+
+
+def _check_mark(check: Check) -> Markup:
+    """``check``'s judgement mark; a failure says whether it failed, errored or was cut off."""
+    judgement = check.judgement
+    return _mark(judgement, f"✘ {check.status}" if judgement == "fail" else None)
+
+
+def _judgement_text(check: Check) -> str:
+    return check.status if check.judgement == "fail" else check.judgement
 
 
 def _pairs(mapping: object) -> Markup | str:
-    """``key value`` pairs on one wrapped line; values that are objects shown as JSON."""
+    """``key value`` pairs on one wrapped line; a nested object's pairs in parentheses."""
     if not isinstance(mapping, dict) or not mapping:
         return as_text(mapping) if mapping else ""
     return join(
-        tag("span", join([tag("span", k, cls="k"), " ", v]), cls="pair") for k, v in mapping.items()
+        tag(
+            "span",
+            join(
+                [
+                    tag("span", k, cls="k"),
+                    " ",
+                    join(["(", _pairs(v), ")"]) if isinstance(v, dict) and v else as_text(v),
+                ]
+            ),
+            cls="pair",
+        )
+        for k, v in mapping.items()
     )
 
 

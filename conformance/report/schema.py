@@ -26,12 +26,21 @@ from pathlib import Path
 from typing import Any, Literal, Self, Union
 
 from conformance.errors import UsageError
-from conformance.metric_table import Bound, Breach
+from conformance.metric_table import BY_NAME, Bound, Breach
 
 SCHEMA = 1
 
 Status = Literal["pass", "fail", "error", "skip", "interrupted"]
 Verdict = Literal["pass", "fail", "incomplete"]
+#: what a check came to, as a reader is told it (:attr:`Check.judgement`): ``pass`` only for a
+#: check held to some bound, ``reported`` for one that measured without being held to any,
+#: ``not reached`` for one that passed measuring nothing
+Judgement = Literal["pass", "fail", "reported", "skipped", "not reached"]
+#: check statuses that stop a stack from being certified
+FAILED: tuple[Status, ...] = ("fail", "error", "interrupted")
+#: the suffix of the note a property records its own bound in (``sampler_p_value_bound``): a
+#: property's metric is bounded by its suite, not by the profile (``Metric.family``)
+BOUND_NOTE = "_bound"
 
 
 class FieldError(ValueError):
@@ -171,6 +180,38 @@ class Check(Record):
     #: batches), ``new_tokens`` (rollout length asked for); empty in files from before the field
     reached: dict[str, int] = field(default_factory=dict)
 
+    def held(self) -> dict[str, tuple[float, float]]:
+        """metric → (value, bound) for every bound the check was held to and that the file
+        records: the profile's it judged (``thresholds`` less ``not_judged``), a property's own
+        noted as ``<metric>_bound``, and each violation's (a failing property's breach)."""
+        held = {
+            name: (self.metrics[name], bound)
+            for name, bound in self.thresholds.items()
+            if name in self.metrics and name not in self.not_judged
+        }
+        for name, value in self.metrics.items():
+            bound = self.metrics.get(name + BOUND_NOTE)
+            if bound is not None and is_property(name):
+                held[name] = (value, bound)
+        for violation in self.violations:
+            held[violation.metric] = (violation.value, violation.threshold)
+        return held
+
+    @property
+    def judgement(self) -> Judgement:
+        """What the check came to: ``fail`` (failed, errored or interrupted), ``skipped``, or
+        for a pass, ``pass`` if it was held to a bound (the profile's, or a property's own:
+        a property metric's presence says its suite held it, even where the file does not
+        record the bound), ``reported`` if it measured without being held to any (a
+        retokenization drift), ``not reached`` if it measured nothing."""
+        if self.status in FAILED:
+            return "fail"
+        if self.status == "skip":
+            return "skipped"
+        if self.held() or any(is_property(name) for name in self.metrics):
+            return "pass"
+        return "reported" if self.metrics else "not reached"
+
 
 @dataclass(kw_only=True)
 class ProfileInfo(Record):
@@ -245,6 +286,12 @@ class Report(Record):
         for check in self.checks:
             grouped.setdefault(check.suite, []).append(check)
         return grouped
+
+
+def is_property(name: str) -> bool:
+    """Whether ``name`` is a property's own finding, bounded by the suite that measures it."""
+    fact = BY_NAME.get(name)
+    return fact is not None and fact.family == "property"
 
 
 def parse_report(data: object, where: str = "report") -> Report:

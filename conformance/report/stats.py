@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from conformance.metric_table import PROB_BIN_EDGES
+from conformance.metric_table import BY_NAME, PROB_BIN_EDGES
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,27 @@ class BinSummary:
     p95: float
     min: float
     max: float
+
+
+def fraction_of_bound(metric: str, value: float, bound: float) -> float:
+    """How far ``value`` went towards ``bound``: its departure from the metric's ideal over the
+    departure the bound allows, so 1 is at the bound whichever side it lies on (for a lower
+    bound such as pcc ≥ 1 − 1e-6, a pcc of 1 − 5e-7 is 0.5). A value on the good side of the
+    ideal is 0; NaN, and any departure from a bound at the ideal itself (a count held to 0), is
+    infinite. A metric the table does not know is read as an upper bound with ideal 0.
+
+    >>> fraction_of_bound("pcc", 0.75, 0.5), fraction_of_bound("abs_diff_max", 3.0, 2.0)
+    (0.5, 1.5)
+    """
+    fact = BY_NAME.get(metric)
+    ideal, side = (fact.ideal, fact.bound) if fact else (0.0, "max")
+    if math.isnan(value):
+        return math.inf
+    departure = {"max": value - ideal, "min": ideal - value, "abs": abs(value - ideal)}[side]
+    allowed = abs(bound - ideal)
+    if departure <= 0:
+        return 0.0
+    return departure / allowed if allowed else math.inf
 
 
 def pool_samples(samples: Sequence[dict], cap: int | None = None) -> TokenSamples:

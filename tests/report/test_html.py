@@ -58,8 +58,18 @@ def test_failing_report_shows_verdict_tables_reproducer_and_plots(bf16_report: R
     assert failing, "bf16 logits must break the fp32-like thresholds"
     assert failing[0].worst_case is not None and failing[0].worst_case["replay"] in text
     assert bf16_report.command in text
-    # four token plots per suite, each an inline SVG
-    assert sum(tag == "svg" for tag, _ in dom.tags) == 4 * len(SUITES)
+    # the fraction-of-bound chart, then per suite its token plots (bf16's π scatter sits within
+    # a pixel of y = x, so it is named instead of drawn), each with its bound
+    page = render_html(bf16_report)
+    closeness = page[page.index('id="closeness"') : page.index('id="suite-')]
+    assert closeness.count("<svg") == 1
+    for suite in SUITES:
+        section = page[page.index(f'id="suite-{suite}"') :]
+        section = section[: section.index("</section>")]
+        assert section.count("<svg") == 3
+        # abs_diff_max's bound on the |log ρ| histogram and by position (no ρ bound here)
+        assert section.count('class="ref"') == 2 and section.count("bound 0.0001<") == 2
+        assert "π_train vs π_infer not drawn: every token within" in section
 
 
 def test_passing_and_incomplete_verdicts() -> None:
@@ -111,7 +121,8 @@ def test_page_requests_nothing_from_any_host(bf16_report: Report) -> None:
 
 def test_plots_downsample_deterministically() -> None:
     report = make_report(torch.bfloat16, checks_per_suite=1)
-    many = measure(torch.bfloat16, seed=7, batch=40, seq=200)
+    # fp8 logits: a mismatch the π scatter shows (bf16's sits within a pixel of y = x)
+    many = measure(torch.float8_e4m3fn, seed=7, batch=40, seq=200)
     report.checks[0].samples = {
         "lp_train": many.lp_train.flatten().tolist(),
         "lp_infer": many.lp_infer.flatten().tolist(),
