@@ -1,7 +1,7 @@
 """Engine knobs in few engine starts: the variants that cover an engine's knob values, and the
 bisection that names the knob behind a failing variant.
 
-An engine declares its knobs (``Engine.KNOBS``: option → :class:`~conformance.engines.Knob`).
+An engine declares its knobs (``capabilities.knobs``: option → :class:`~conformance.engines.Knob`).
 Starting one engine per value costs a start per value (nine for vLLM, minutes each on a GPU).
 Instead every value runs in one of at most :data:`MAX_VARIANTS` variant engines, each holding
 several knobs off the configured values at once; only a variant that fails is taken apart, by

@@ -1,9 +1,9 @@
 """A component's parallel setting: the one option that splits its model over processes or devices
 (an engine's tensor-parallel size, a training backend's world size).
 
-Engines and backends that have one declare it as the class attribute ``parallel``; the
-parallelism-invariance suite, the stack fingerprint and the report read that declaration and
-nothing else, so a new parallel engine or backend touches none of them.
+Engines that have one declare it as ``capabilities.parallel``, backends as the class attribute
+``parallel``; the parallelism-invariance suite, the stack fingerprint and the report read that
+declaration and nothing else, so a new parallel engine or backend touches none of them.
 """
 
 from __future__ import annotations

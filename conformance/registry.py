@@ -58,7 +58,7 @@ class Registry(Generic[T]):
 
     def declared(self) -> dict[str, type[T]]:
         """Every registered class by name, imported without checking that the packages they
-        drive are installed: what they declare (``RELEASES``), e.g. for ``--help``."""
+        drive are installed: what they declare (their supported releases), e.g. for ``--help``."""
         return {name: self._load(name, entry, "") for name, entry in self._entries.items()}
 
     def _load(self, name: str, entry: _Entry, hint: str) -> type[T]:

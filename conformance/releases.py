@@ -1,6 +1,7 @@
 """The releases of the package an engine or backend drives that the harness supports: the oldest
-one it runs on and the newest it was checked on, declared by the adapter class (``RELEASES``, as
-it declares its ``KNOBS``), measured on this project's machines (docs/engine-versions.md).
+one it runs on and the newest it was checked on, declared by the adapter class (an engine's
+``capabilities.releases``, a backend's ``RELEASES``), measured on this project's machines
+(docs/engine-versions.md).
 
 Below the oldest, ``certify`` refuses before anything starts: the adapter reaches parts of the
 package an older release lacks or shapes differently, so a run would end in an adapter fault,
@@ -129,16 +130,15 @@ def warn(line: str | None) -> None:
         print(f"tim-conformance: warning: {line}", file=sys.stderr, flush=True)
 
 
-def help_text(components: Mapping[str, Mapping[str, type]]) -> str:
-    """A ``supported releases:`` block for ``certify --help``: kind (``engine``) → name →
-    adapter class, one line per class that declares ``RELEASES``."""
+def help_text(components: Mapping[str, Mapping[str, ReleaseRange | None]]) -> str:
+    """A ``supported releases:`` block for ``certify --help``: kind (``engine``) → name → the
+    range its adapter class declares, one line per class that declares one."""
     lines = [
         f"supported releases (older: refused unless {ANY_RELEASE.name}=1; newer than tested: "
         "run, with a warning):"
     ]
-    for kind, classes in components.items():
-        for name, cls in classes.items():
-            declared: ReleaseRange | None = getattr(cls, "RELEASES", None)
+    for kind, ranges in components.items():
+        for name, declared in ranges.items():
             if declared is not None:
                 also = [d for d in declared.distributions if d != declared.package]
                 via = f" (also installed as {', '.join(also)})" if also else ""

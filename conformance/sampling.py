@@ -7,8 +7,8 @@ the top k of those; then the smallest set of the most likely of those whose mass
 over what is left, reaches top-p. Without min-p it is transformers' too
 (``TemperatureLogitsWarper``, ``TopKLogitsWarper``, ``TopPLogitsWarper``, in that order), whose
 ``MinPLogitsWarper`` comes last instead. An engine composing them otherwise declares it
-(``Engine.SAMPLER_ORDER``); the suites then hold its tokens to its declared order, and an engine
-that does not declare it is held to the stated one.
+(``capabilities.sampler_order``); the suites then hold its tokens to its declared order, and an
+engine that does not declare it is held to the stated one.
 
 Min-p keeps an upper set of the tempered distribution (``p_i ≥ min_p · p_max`` is unchanged by
 renormalising any set holding the most likely token), so applied last it intersects; applied

@@ -215,7 +215,7 @@ class HarnessSession:
         if engine.weights_changed or backend.weights_changed:
             return
         audit = {
-            "order": engine.SAMPLER_ORDER,
+            "order": engine.capabilities.sampler_order,
             "margin": self.profile.bounds(record.suite).get("abs_diff_max", 0.0),
             "raw_logprobs": engine.inner.config.logprobs is LogprobKind.RAW,
         }
@@ -246,9 +246,9 @@ class HarnessSession:
                 f"sampler's support ({found.outside} of {found.tokens} sampled tokens; "
                 f"temperature {spec.temperature:g}, top_k {spec.top_k}, top_p "
                 f"{spec.top_p:g}{f', min_p {spec.min_p:g}' if spec.min_p else ''}, "
-                f"{engine.SAMPLER_ORDER.value}): its processed probability "
+                f"{engine.capabilities.sampler_order.value}): its processed probability "
                 "is 0, so a trainer recomputing it gets -inf — check the order and masking "
-                "of the engine's sampler (or declare its order as Engine.SAMPLER_ORDER) "
+                "of the engine's sampler (or declare its order as capabilities.sampler_order) "
                 f"[{outside}]",
                 outside,
             )

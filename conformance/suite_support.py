@@ -139,17 +139,18 @@ def sample_groups(
     engine: Any, prompts: Sequence[Sequence[int]], spec: SamplingSpec, recorder: Any = None
 ) -> list[Completion]:
     """``spec.n`` completions per prompt, prompt-major: from the engine's own parallel-sampling
-    path where it declares one (``Engine.PARALLEL_SAMPLING``), else one batch of the prompts per
-    child, child ``c`` seeded ``seed + c`` (the streams vLLM derives for its children), which
-    ``recorder`` is told of (the check's message says its own path went untested). The same
+    path where it declares one (``capabilities.parallel_sampling``), else one batch of the
+    prompts per child, child ``c`` seeded ``seed + c`` (the streams vLLM derives for its
+    children), which ``recorder`` is told of (the check's message says its own path went
+    untested). The same
     seed for every copy of a prompt would repeat one rollout n times on any engine whose
     rollout depends on its seed and prompt alone, as the contract asks."""
-    if spec.n == 1 or engine.PARALLEL_SAMPLING:
+    if spec.n == 1 or engine.capabilities.parallel_sampling:
         return engine.generate(prompts, spec)
     if recorder is not None:
         recorder.remark(
-            f"engine {engine.name!r} does not declare PARALLEL_SAMPLING: its groups were sampled "
-            "as one seeded batch per child, not on its own n-samples path"
+            f"engine {engine.name!r} does not declare capabilities.parallel_sampling: its groups "
+            "were sampled as one seeded batch per child, not on its own n-samples path"
         )
     per_child = [
         engine.generate(prompts, replace(spec, n=1, seed=spec.seed + child))
@@ -160,12 +161,13 @@ def sample_groups(
 
 def caches_prefixes(engine: Any) -> bool:
     """Whether ``engine`` runs with its prefix cache on: false only where one of its options
-    holds another value than ``Engine.PREFIX_CACHE`` names (both server engines' defaults keep
+    holds another value than ``capabilities.prefix_cache`` names (both server engines' defaults keep
     the cache on). An engine that declares no such option may cache or not, so it counts as
     caching: a suite then plans for a cache it cannot rule out."""
     options = engine.config.options
     return not any(
-        k in options and str(options[k]).lower() != v for k, v in engine.PREFIX_CACHE.items()
+        k in options and str(options[k]).lower() != v
+        for k, v in engine.capabilities.prefix_cache.items()
     )
 
 

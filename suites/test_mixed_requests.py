@@ -28,8 +28,8 @@ temperature, top-k, top-p, seed, ``max_new_tokens``, stop ids and top-logprob co
   comparison, saying so.
 
 Every request carries a distinct seed, so an engine serving one batch per parameter set (the
-protocol's default, for engines that do not declare ``MIXED_REQUESTS``) serves each request
-alone: the check passes and says its requests were never mixed.
+protocol's default, for engines that do not declare ``capabilities.mixed_requests``) serves
+each request alone: the check passes and says its requests were never mixed.
 """
 
 from dataclasses import replace
@@ -134,10 +134,10 @@ def test_mixed_requests(data, engine, backend, model, depth, profile, recorder):
         requests=[r.as_dict() for r in requests],
         target_index=target,
     )
-    if not engine.MIXED_REQUESTS:
+    if not engine.capabilities.mixed_requests:
         recorder.remark(
-            f"engine {engine.name!r} does not declare MIXED_REQUESTS: its requests were served "
-            "one batch per parameter set, not mixed"
+            f"engine {engine.name!r} does not declare capabilities.mixed_requests: its requests "
+            "were served one batch per parameter set, not mixed"
         )
 
     completions = engine.generate_requests(requests)

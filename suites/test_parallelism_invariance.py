@@ -8,8 +8,8 @@ them; the backend at world size N recomputes what it recomputes at world size 1.
 recorded (1 − exact_match_rate).
 
 Which option is the parallel setting, and the size the stack runs at, is each engine's and
-backend's own declaration (``parallel``). A component without one, or one running at size 1, is
-skipped with the reason.
+backend's own declaration (an engine's ``capabilities.parallel``, a backend's ``parallel``). A
+component without one, or one running at size 1, is skipped with the reason.
 """
 
 from typing import Any
@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from conformance.suite_support import generated_rows, prompt_batches, rollout_specs
 
 
-def _parallel_size(component: Any, kind: str) -> dict[str, int]:
-    """``{option: size}`` of the stack's component; skips where there is nothing to compare."""
-    setting = component.parallel
+def _parallel_size(component: Any, setting: Any, kind: str) -> dict[str, int]:
+    """``{option: size}`` of the stack's component under its declared parallel ``setting``;
+    skips where there is nothing to compare."""
     if setting is None:
         pytest.skip(f"{kind} {component.name!r} has no parallel setting")
     size = setting.size(component.config.options)
@@ -38,14 +38,14 @@ def _parallel_size(component: Any, kind: str) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def single_engine(engine, tim) -> tuple[Any, dict[str, int]]:
     """The stack's engine at parallel size 1, and the stack's own ``{option: size}``."""
-    parallel = _parallel_size(engine, "engine")
+    parallel = _parallel_size(engine, engine.capabilities.parallel, "engine")
     return tim.engine_variant(**dict.fromkeys(parallel, "1")), parallel
 
 
 @pytest.fixture(scope="module")
 def single_backend(backend, tim) -> tuple[Any, dict[str, int]]:
     """The stack's backend at parallel size 1, and the stack's own ``{option: size}``."""
-    parallel = _parallel_size(backend, "backend")
+    parallel = _parallel_size(backend, backend.parallel, "backend")
     return tim.backend_variant(options=dict.fromkeys(parallel, "1")), parallel
 
 

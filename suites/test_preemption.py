@@ -9,10 +9,11 @@ under preemption with chunked prefill, sglang#20724 returned K + N log-probs for
 a retraction (only on the larger model, the one that hit memory pressure). Every other suite runs
 with KV room to spare.
 
-The engine declares the option that bounds its KV cache in tokens (``Engine.KV_BUDGET_OPTION``);
-a variant of it gets a budget of ``BUDGET`` tokens and a seeded batch of ``REQUESTS`` requests,
-each needing ``PROMPT_LEN + NEW_TOKENS`` tokens of cache (less than the budget, so each can run)
-and together ``REQUESTS · (PROMPT_LEN + NEW_TOKENS) ≥ 3 · BUDGET``. The engine's own count
+The engine declares the option that bounds its KV cache in tokens
+(``capabilities.kv_budget_option``); a variant of it gets a budget of ``BUDGET`` tokens and a
+seeded batch of ``REQUESTS`` requests, each needing ``PROMPT_LEN + NEW_TOKENS`` tokens of cache
+(less than the budget, so each can run) and together
+``REQUESTS · (PROMPT_LEN + NEW_TOKENS) ≥ 3 · BUDGET``. The engine's own count
 (``Engine.preemptions()``) confirms that requests were preempted or retracted, or the check says
 it could not tell (or that the engine served the batch without evicting any). On that batch:
 
@@ -53,10 +54,11 @@ _SERVED: dict[int, tuple[Any, list[Any], int | None]] = {}
 def served(tim: Any, engine: Any, model: Any, recorder: Any) -> tuple[Any, ...]:
     """The budgeted variant and the seeded batch it served (once per session), announced as the
     running check's case, its preemptions noted or the lack of a count remarked."""
-    if engine.KV_BUDGET_OPTION is None:
+    declared = engine.capabilities
+    if declared.kv_budget_option is None:
         pytest.skip(
             f"engine {engine.name!r} declares no option bounding its KV cache "
-            "(Engine.KV_BUDGET_OPTION)"
+            "(capabilities.kv_budget_option)"
         )
     generator = torch.Generator().manual_seed(tim.seed)
     prompts = torch.randint(0, model.vocab_size, (REQUESTS, PROMPT_LEN), generator=generator)
@@ -64,9 +66,9 @@ def served(tim: Any, engine: Any, model: Any, recorder: Any) -> tuple[Any, ...]:
     spec = SamplingSpec(max_new_tokens=NEW_TOKENS, seed=tim.seed % 2**31)
     # announced before the engine runs: a failure inside it still has its case
     recorder.case(prompts, sampling=spec, kv_budget_tokens=BUDGET)
-    recorder.describe(**{engine.KV_BUDGET_OPTION: BUDGET})
+    recorder.describe(**{declared.kv_budget_option: BUDGET})
     if id(tim) not in _SERVED:
-        budget = {**engine.KV_BUDGET_REQUIRES, engine.KV_BUDGET_OPTION: str(BUDGET)}
+        budget = {**declared.kv_budget_requires, declared.kv_budget_option: str(BUDGET)}
         variant = tim.engine_variant(**budget)
         before = variant.preemptions()
         completions = variant.generate(prompts, spec)

@@ -41,8 +41,8 @@ def routed(engine, model):
     """Skip unless the stack can compare routes: an MoE model and an engine reporting them."""
     if not model.num_experts:
         pytest.skip("a dense model has no routes (routing is checked on MoE models)")
-    if engine.NO_ROUTES is not None:
-        pytest.skip(engine.NO_ROUTES)
+    if engine.capabilities.no_routes is not None:
+        pytest.skip(engine.capabilities.no_routes)
     return engine
 
 

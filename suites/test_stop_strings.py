@@ -9,8 +9,8 @@ A rollout an engine ended on a string its ids' text does not hold is reported, n
 0.32's incremental detokenizer does so after a prompt that ends inside a UTF-8 character: its
 text is not its ids' text). An engine that cannot match stop strings says so
 (``NotImplementedError``: hf-generate runs on ids alone) and the check skips with
-its reason. An engine that matches them only with an option on (``Engine.STOP_STRINGS``: SGLang
-loads its tokenizer with ``tokenizer=true``) runs this on a variant with it.
+its reason. An engine that matches them only with an option on (``capabilities.stop_strings``:
+SGLang loads its tokenizer with ``tokenizer=true``) runs this on a variant with it.
 """
 
 import pytest
@@ -52,10 +52,11 @@ def _phantom(recorder) -> bool:
 @pytest.fixture(scope="module")
 def stopping_engine(engine, tim):
     """The stack's engine, or a variant with the options under which it matches stop strings
-    (``Engine.STOP_STRINGS``) where the stack's differ."""
+    (``capabilities.stop_strings``) where the stack's differ."""
     options = engine.config.options
-    if any(str(options.get(k, "")).lower() != v for k, v in engine.STOP_STRINGS.items()):
-        return tim.engine_variant(**engine.STOP_STRINGS)
+    wanted = engine.capabilities.stop_strings
+    if any(str(options.get(k, "")).lower() != v for k, v in wanted.items()):
+        return tim.engine_variant(**wanted)
     return engine
 
 

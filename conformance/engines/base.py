@@ -10,10 +10,12 @@ being ``log p(s[t + 1] | s[: t + 1])``. Position 0 has no prefix and is never sc
 from __future__ import annotations
 
 import enum
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from conformance.errors import Unsupported, UsageError
@@ -38,7 +40,8 @@ class LogprobKind(enum.StrEnum):
 @dataclass(frozen=True)
 class SamplingSpec:
     """How to sample. ``top_k = 0``, ``top_p = 1.0`` and ``min_p = 0.0`` mean "off"; how they
-    compose is ``conformance.sampling``'s stated sampler (or the engine's ``SAMPLER_ORDER``).
+    compose is ``conformance.sampling``'s stated sampler (or the engine's declared
+    ``capabilities.sampler_order``).
 
     ``n`` samples per prompt (a GRPO group from one request, as vLLM's ``SamplingParams.n``,
     SGLang's ``n`` and transformers' ``num_return_sequences`` fork it): ``generate`` returns
@@ -57,7 +60,7 @@ class SamplingSpec:
     top_k: int = 0
     seed: int = 0
     #: keep only tokens at least ``min_p`` times as likely as the most likely one; engines that
-    #: do not declare ``MIN_P`` are only ever given 0
+    #: do not declare ``capabilities.min_p`` are only ever given 0
     min_p: float = 0.0
     #: fixed-length rollouts: nothing ends a rollout before ``max_new_tokens``
     ignore_eos: bool = True
@@ -66,8 +69,8 @@ class SamplingSpec:
     #: texts that end a rollout once its detokenized text contains one (engines with a
     #: tokenizer); the ids and log-probs of every token up to the one completing it are returned
     stop: tuple[str, ...] = ()
-    #: samples per prompt (see above); engines that do not declare ``PARALLEL_SAMPLING`` are
-    #: only ever given 1
+    #: samples per prompt (see above); engines that do not declare
+    #: ``capabilities.parallel_sampling`` are only ever given 1
     n: int = 1
 
     def __post_init__(self) -> None:
@@ -191,6 +194,92 @@ class Knob:
     requires: Mapping[str, str] = field(default_factory=dict)
 
 
+def _frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(mapping))
+
+
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What an engine declares beyond the protocol's methods, in one value: which suites run on
+    it, how they sample it and which variants they start. Every field defaults to what the
+    protocol assumes of an engine that says nothing, so an engine declares only what differs
+    (``EngineCapabilities(min_p=True)``, or ``dataclasses.replace`` of its parent's)."""
+
+    #: the engine's knobs: option name → the values to try. The knob suite starts a few variant
+    #: engines that together hold every value (``conformance.knobs``); declaring them here is all
+    #: an engine does to have them varied
+    knobs: Mapping[str, Knob] = field(default_factory=dict)
+    #: the option that splits the model over devices, for engines that have one: the
+    #: parallelism suite compares the stack with a variant at size 1, ``info()`` records the size
+    parallel: ParallelSetting | None = None
+    #: the releases of the package it drives that it supports (``conformance.releases``):
+    #: ``certify`` refuses older ones and warns on newer ones before anything starts
+    releases: ReleaseRange | None = None
+    #: option values that keep the engine's prefix cache on, for engines that have one (the
+    #: weight-sync suite holds a sync to reset it): a stack whose options turn it off gets a
+    #: variant engine with these
+    prefix_cache: Mapping[str, str] = field(default_factory=dict)
+    #: option values under which the engine matches stop strings, for engines that do so only
+    #: with an option on (a loaded tokenizer): the stop-string suite runs on a variant with these
+    stop_strings: Mapping[str, str] = field(default_factory=dict)
+    #: why the engine's completions carry no MoE routes (``Completion.routes``), or None where
+    #: they do on an MoE model: the routing suite skips with this reason
+    no_routes: str | None = "the engine does not report the experts it routed to"
+    #: whether ``generate`` takes ``SamplingSpec.n > 1`` on the engine's own parallel-sampling
+    #: path; the harness gives an engine that does not declare it ``n = 1`` and the prompt
+    #: repeated n times instead (``conformance.suite_support.sample_groups``)
+    parallel_sampling: bool = False
+    #: how the engine's sampler composes top-k and top-p (``conformance.sampling``): an engine
+    #: that does not follow the stated sampler (min-p, then top-k, then top-p over the
+    #: renormalised rest) declares its own order here, and its sampled tokens are held to that
+    sampler_order: SamplerOrder = STATED_ORDER
+    #: whether ``generate`` applies ``SamplingSpec.min_p``; the suites give ``min_p > 0`` only to
+    #: an engine that declares it (the sampler-fidelity suite's min-p spec skips otherwise)
+    min_p: bool = False
+    #: the ``--engine-option`` that bounds the engine's KV cache, its value a number of tokens
+    #: (the adapter turns it into the engine's own setting: vLLM's block count, SGLang's
+    #: ``max_total_tokens``). The preemption suite starts a variant whose budget is smaller than
+    #: its batch needs, so that requests are preempted or retracted and recomputed. None: the
+    #: engine's KV memory cannot be bounded, and that suite skips saying so
+    kv_budget_option: str | None = None
+    #: option values that variant sets with the budget, for engines whose admission must be
+    #: told to fill the budget as a long-running one does (SGLang's reservation for a fresh
+    #: engine keeps its batches small enough never to retract)
+    kv_budget_requires: Mapping[str, str] = field(default_factory=dict)
+    #: whether ``generate_requests`` serves requests with different sampling specs and
+    #: top-logprob counts together, in one batch (vLLM's per-request ``SamplingParams``, SGLang's
+    #: per-request lists, a server with several requests in flight); the base implementation
+    #: serves one ``generate`` batch per parameter set instead, which the mixed-requests suite
+    #: says (``suites/test_mixed_requests.py``)
+    mixed_requests: bool = False
+
+    def __post_init__(self) -> None:
+        # a dict the declaring module keeps cannot change what the harness reads
+        for name in ("knobs", "prefix_cache", "stop_strings", "kv_budget_requires"):
+            object.__setattr__(self, name, _frozen(getattr(self, name)))
+
+
+#: the class attributes engines declared their capabilities as before ``capabilities`` → the
+#: field each is now; a class declaring one still works for one release, with a
+#: ``DeprecationWarning`` naming the field
+DEPRECATED_ATTRIBUTES: Mapping[str, str] = MappingProxyType(
+    {
+        "KNOBS": "knobs",
+        "parallel": "parallel",
+        "RELEASES": "releases",
+        "PREFIX_CACHE": "prefix_cache",
+        "STOP_STRINGS": "stop_strings",
+        "NO_ROUTES": "no_routes",
+        "PARALLEL_SAMPLING": "parallel_sampling",
+        "SAMPLER_ORDER": "sampler_order",
+        "MIN_P": "min_p",
+        "KV_BUDGET_OPTION": "kv_budget_option",
+        "KV_BUDGET_REQUIRES": "kv_budget_requires",
+        "MIXED_REQUESTS": "mixed_requests",
+    }
+)
+
+
 @dataclass
 class EngineConfig:
     """What every engine is built from. ``options`` holds engine-specific knobs."""
@@ -207,52 +296,26 @@ class Engine(ABC):
 
     #: registry name, e.g. ``"vllm"``
     name: ClassVar[str]
-    #: the engine's knobs: option name → the values to try. The knob suite starts a few variant
-    #: engines that together hold every value (``conformance.knobs``); declaring them here is all
-    #: an engine does to have them varied.
-    KNOBS: ClassVar[Mapping[str, Knob]] = {}
-    #: the option that splits the model over devices, for engines that have one
-    parallel: ClassVar[ParallelSetting | None] = None
-    #: the releases of the package it drives that it supports (``conformance.releases``):
-    #: ``certify`` refuses older ones and warns on newer ones before anything starts
-    RELEASES: ClassVar[ReleaseRange | None] = None
-    #: option values that keep the engine's prefix cache on, for engines that have one (the
-    #: weight-sync suite holds a sync to reset it): a stack whose options turn it off gets a
-    #: variant engine with these
-    PREFIX_CACHE: ClassVar[Mapping[str, str]] = {}
-    #: option values under which the engine matches stop strings, for engines that do so only
-    #: with an option on (a loaded tokenizer): the stop-string suite runs on a variant with these
-    STOP_STRINGS: ClassVar[Mapping[str, str]] = {}
-    #: why the engine's completions carry no MoE routes (``Completion.routes``), or None where
-    #: they do on an MoE model: the routing suite skips with this reason
-    NO_ROUTES: ClassVar[str | None] = "the engine does not report the experts it routed to"
-    #: whether ``generate`` takes ``SamplingSpec.n > 1`` on the engine's own parallel-sampling
-    #: path; the harness gives an engine that does not declare it ``n = 1`` and the prompt
-    #: repeated n times instead (``conformance.suite_support.sample_groups``)
-    PARALLEL_SAMPLING: ClassVar[bool] = False
-    #: how the engine's sampler composes top-k and top-p (``conformance.sampling``): an engine
-    #: that does not follow the stated sampler (min-p, then top-k, then top-p over the
-    #: renormalised rest) declares its own order here, and its sampled tokens are held to that
-    SAMPLER_ORDER: ClassVar[SamplerOrder] = STATED_ORDER
-    #: whether ``generate`` applies ``SamplingSpec.min_p``; the suites give ``min_p > 0`` only to
-    #: an engine that declares it (the sampler-fidelity suite's min-p spec skips otherwise)
-    MIN_P: ClassVar[bool] = False
-    #: the ``--engine-option`` that bounds the engine's KV cache, its value a number of tokens
-    #: (the adapter turns it into the engine's own setting: vLLM's block count, SGLang's
-    #: ``max_total_tokens``). The preemption suite starts a variant whose budget is smaller than
-    #: its batch needs, so that requests are preempted or retracted and recomputed. None: the
-    #: engine's KV memory cannot be bounded, and that suite skips saying so
-    KV_BUDGET_OPTION: ClassVar[str | None] = None
-    #: option values that variant sets with the budget, for engines whose admission must be
-    #: told to fill the budget as a long-running one does (SGLang's reservation for a fresh
-    #: engine keeps its batches small enough never to retract)
-    KV_BUDGET_REQUIRES: ClassVar[Mapping[str, str]] = {}
-    #: whether ``generate_requests`` serves requests with different sampling specs and
-    #: top-logprob counts together, in one batch (vLLM's per-request ``SamplingParams``, SGLang's
-    #: per-request lists, a server with several requests in flight); the base implementation
-    #: serves one ``generate`` batch per parameter set instead, which the mixed-requests suite
-    #: says (``suites/test_mixed_requests.py``)
-    MIXED_REQUESTS: ClassVar[bool] = False
+    #: what the engine declares beyond its methods (see :class:`EngineCapabilities`); the
+    #: adapters of one engine family share one value
+    capabilities: ClassVar[EngineCapabilities] = EngineCapabilities()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declared = {a: f for a, f in DEPRECATED_ATTRIBUTES.items() if a in cls.__dict__}
+        for attribute, name in declared.items():
+            warnings.warn(
+                f"{cls.__qualname__}.{attribute} is deprecated and read for one more release: "
+                f"declare capabilities = EngineCapabilities({name}=...) instead "
+                "(conformance.engines.EngineCapabilities)",
+                DeprecationWarning,
+                # the class statement: this hook, then ABCMeta.__new__, then the class's module
+                stacklevel=3,
+            )
+        if declared:
+            cls.capabilities = replace(
+                cls.capabilities, **{name: cls.__dict__[a] for a, name in declared.items()}
+            )
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -273,7 +336,7 @@ class Engine(ABC):
         self, prompts: TokenBatch, spec: SamplingSpec, *, top_logprobs: int = 0
     ) -> list[Completion]:
         """Sample ``spec.n`` completions per prompt (one unless the engine declares
-        ``PARALLEL_SAMPLING``); return them prompt-major, in prompt order.
+        ``capabilities.parallel_sampling``); return them prompt-major, in prompt order.
 
         Each ``Completion.logprobs[i]`` is the engine's log-probability of ``tokens[i]``,
         of the kind given by ``config.logprobs``.
@@ -285,7 +348,7 @@ class Engine(ABC):
 
         This implementation serves the requests one ``generate`` batch per distinct (spec,
         top_logprobs), never mixed; an engine that batches different parameters together
-        overrides it and declares ``MIXED_REQUESTS``.
+        overrides it and declares ``capabilities.mixed_requests``.
         """
         completions: list[Completion | None] = [None] * len(requests)
         for group in parameter_groups(requests):
@@ -322,9 +385,9 @@ class Engine(ABC):
         return {}
 
     def knobs(self) -> Mapping[str, Knob]:
-        """The knobs this engine can vary: its class's ``KNOBS`` (none where the engine cannot
-        be restarted with other options, e.g. a server the user runs)."""
-        return self.KNOBS
+        """The knobs this engine can vary: its declared ``capabilities.knobs`` (none where the
+        engine cannot be restarted with other options, e.g. a server the user runs)."""
+        return self.capabilities.knobs
 
     def info(self) -> dict[str, Any]:
         """What identifies this engine in a stack fingerprint: versions, knobs, device."""
@@ -333,13 +396,16 @@ class Engine(ABC):
             "dtype": self.config.dtype,
             "logprobs": self.config.logprobs.value,
         }
-        if self.parallel is not None:
-            info["parallel"] = {self.parallel.label: self.parallel.size(self.config.options)}
-        if self.RELEASES is not None:
-            info["release"] = self.RELEASES.describe()
-        if self.SAMPLER_ORDER is not STATED_ORDER:
+        declared = self.capabilities
+        if declared.parallel is not None:
+            info["parallel"] = {
+                declared.parallel.label: declared.parallel.size(self.config.options)
+            }
+        if declared.releases is not None:
+            info["release"] = declared.releases.describe()
+        if declared.sampler_order is not STATED_ORDER:
             # the stated order is every engine's unless declared: only a departure is recorded
-            info["sampler_order"] = self.SAMPLER_ORDER.value
+            info["sampler_order"] = declared.sampler_order.value
         return info
 
     def close(self) -> None:

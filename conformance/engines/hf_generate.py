@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from conformance.engines.base import (
     Completion,
     Engine,
+    EngineCapabilities,
     EngineConfig,
     LogprobKind,
     SamplingSpec,
@@ -25,12 +26,14 @@ from conformance.sampling import SamplerOrder
 
 class HFGenerateEngine(Engine):
     name = "hf-generate"
-    RELEASES = TRANSFORMERS_RELEASES
-    NO_ROUTES = None
-    PARALLEL_SAMPLING = True
-    MIN_P = True
-    #: generate's warpers put ``MinPLogitsWarper`` after top-k and top-p
-    SAMPLER_ORDER = SamplerOrder.MIN_P_LAST
+    capabilities = EngineCapabilities(
+        releases=TRANSFORMERS_RELEASES,
+        no_routes=None,
+        parallel_sampling=True,
+        min_p=True,
+        # generate's warpers put ``MinPLogitsWarper`` after top-k and top-p
+        sampler_order=SamplerOrder.MIN_P_LAST,
+    )
     #: option → default (strings, as ``--engine-option`` gives them); subclasses add theirs
     OPTIONS: ClassVar[Mapping[str, str]] = {"attn_implementation": "sdpa"}
 

@@ -26,18 +26,7 @@ from conformance.errors import EngineCrashed, EngineUnavailable
 
 class SGLangEngine(Engine):
     name = "sglang"
-    KNOBS = common.KNOBS
-    PREFIX_CACHE = common.PREFIX_CACHE
-    STOP_STRINGS = common.STOP_STRINGS
-    NO_ROUTES = common.NO_ROUTES
-    parallel = common.PARALLEL
-    RELEASES = common.RELEASES
-    PARALLEL_SAMPLING = True
-    MIXED_REQUESTS = True
-    SAMPLER_ORDER = common.SAMPLER_ORDER
-    MIN_P = True
-    KV_BUDGET_OPTION = common.KV_BUDGET_OPTION
-    KV_BUDGET_REQUIRES = common.KV_BUDGET_REQUIRES
+    capabilities = common.CAPABILITIES
 
     @classmethod
     def check_options(cls, options: Mapping[str, str]) -> None:

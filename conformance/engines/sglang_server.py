@@ -26,18 +26,7 @@ from conformance.errors import EngineUnavailable
 
 class SGLangServerEngine(ServerEngine):
     name = "sglang-server"
-    KNOBS = common.KNOBS
-    PREFIX_CACHE = common.PREFIX_CACHE
-    STOP_STRINGS = common.STOP_STRINGS
-    NO_ROUTES = common.NO_ROUTES
-    parallel = common.PARALLEL
-    RELEASES = common.RELEASES
-    PARALLEL_SAMPLING = True
-    MIXED_REQUESTS = True
-    SAMPLER_ORDER = common.SAMPLER_ORDER
-    MIN_P = True
-    KV_BUDGET_OPTION = common.KV_BUDGET_OPTION
-    KV_BUDGET_REQUIRES = common.KV_BUDGET_REQUIRES
+    capabilities = common.CAPABILITIES
     label = "SGLang server"
     launch_hint = "python -m sglang.launch_server"
     start_timeout = SGLANG_START_TIMEOUT

@@ -35,14 +35,7 @@ SERVER_PREFILL_BUDGET = 4096
 
 class VLLMServerEngine(ServerEngine):
     name = "vllm-server"
-    KNOBS = common.KNOBS
-    NO_ROUTES = common.NO_ROUTES
-    parallel = common.PARALLEL
-    RELEASES = common.RELEASES
-    PARALLEL_SAMPLING = True
-    MIXED_REQUESTS = True
-    KV_BUDGET_OPTION = common.KV_BUDGET_OPTION
-    MIN_P = True
+    capabilities = common.CAPABILITIES
     label = "vLLM server"
     launch_hint = f"python -m {internals.API_SERVER_MODULE}"
     start_timeout = VLLM_START_TIMEOUT

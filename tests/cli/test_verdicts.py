@@ -269,8 +269,8 @@ def test_each_sound_stack_is_certified(tmp_path, cli_env, args):
 
 @pytest.mark.slow
 def test_an_engine_declaring_its_sampler_order_is_held_to_that_order(tmp_path, cli_env):
-    """JointTopKTopP's sampler, declared (``Engine.SAMPLER_ORDER``): its tokens follow the order
-    it states, every one inside that order's support."""
+    """JointTopKTopP's sampler, declared (``capabilities.sampler_order``): its tokens follow the
+    order it states, every one inside that order's support."""
     code, report, output = certify(
         "--engine", ENGINES + "DeclaredJointTopKTopP", "--suite", "sampler_fidelity",
         env=cli_env, out=tmp_path / "run",
@@ -284,16 +284,16 @@ def test_an_engine_declaring_its_sampler_order_is_held_to_that_order(tmp_path, c
 
 @pytest.mark.slow
 def test_an_engine_mixing_requests_soundly_is_certified(tmp_path, cli_env):
-    """OneAtATime declares ``MIXED_REQUESTS`` and serves each request of a mixed batch alone
-    under its own parameters: every request's property holds, and no remark says its requests
-    went unmixed."""
+    """OneAtATime declares ``capabilities.mixed_requests`` and serves each request of a mixed
+    batch alone under its own parameters: every request's property holds, and no remark says its
+    requests went unmixed."""
     code, report, output = certify(
         "--engine", ENGINES + "OneAtATime", "--suite", "mixed_requests",
         env=cli_env, out=tmp_path / "run",
     )  # fmt: skip
     assert code == 0, output[-3000:]
     (check,) = [c for c in report["checks"] if c["suite"] == "mixed_requests"]
-    assert check["status"] == "pass" and "MIXED_REQUESTS" not in check["message"], check
+    assert check["status"] == "pass" and "mixed_requests" not in check["message"], check
     assert check["examples_run"] >= 2 and "out_of_support_tokens" in check["metrics"], check
 
 

@@ -4,6 +4,7 @@ as one batch per child at n = 1, child c seeded seed + c."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -32,10 +33,10 @@ class _RepeatedPrompts(HFGenerateEngine):
     """hf-generate declaring no parallel-sampling path (an engine written before n)."""
 
     name = "repeated-prompts"
-    PARALLEL_SAMPLING = False
+    capabilities = replace(HFGenerateEngine.capabilities, parallel_sampling=False)
 
     def generate(self, prompts, spec, **kw):
-        assert spec.n == 1, "an engine not declaring PARALLEL_SAMPLING is given n = 1"
+        assert spec.n == 1, "an engine not declaring parallel_sampling is given n = 1"
         return super().generate(prompts, spec, **kw)
 
 
@@ -58,4 +59,4 @@ def test_groups_come_prompt_major_on_either_path(engine_class, default_model: Pa
     assert [c.prompt for c in children] == [p for p in prompts for _ in range(n)]
     # six 6-token draws of a random model at temperature 1: a repeat about once in 1e10
     assert len({tuple(c.tokens) for c in children}) == len(children)
-    assert bool(remarks.said) == (not engine_class.PARALLEL_SAMPLING)
+    assert bool(remarks.said) == (not engine_class.capabilities.parallel_sampling)

@@ -152,9 +152,10 @@ def test_certify_help_lists_every_adapters_declared_range(capsys) -> None:
         main(["certify", "--help"])
     assert exit_.value.code == 0
     listed = capsys.readouterr().out
-    for kind, registry in (("engine", ENGINES), ("backend", BACKENDS)):
-        for name, cls in registry.declared().items():
-            assert f"  {kind} {name}: {cls.RELEASES.label()}" in listed
+    for name, cls in ENGINES.declared().items():
+        assert f"  engine {name}: {cls.capabilities.releases.label()}" in listed
+    for name, cls in BACKENDS.declared().items():
+        assert f"  backend {name}: {cls.RELEASES.label()}" in listed
 
 
 def test_ci_runs_the_oldest_vllm_release_the_adapters_support() -> None:

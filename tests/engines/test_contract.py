@@ -125,7 +125,7 @@ def test_a_url_where_nothing_answers_is_one_line_naming_it(subject: Subject) -> 
 
 def test_options_next_to_a_url_are_a_usage_error(subject: Subject) -> None:
     engine_class = server_engine_class(subject)
-    knob, declared = next(iter(engine_class.KNOBS.items()))
+    knob, declared = next(iter(engine_class.capabilities.knobs.items()))
     options = {"url": free_url(), knob: declared.values[0]}
     with pytest.raises(UsageError, match="cannot change a server you started"):
         engine_class(EngineConfig(model=subject.model, options=options))
@@ -146,13 +146,14 @@ def test_a_server_that_cannot_start_is_one_line_quoting_its_log(
 def test_a_kv_budget_makes_a_started_server_preempt_and_counts_it_over_http(
     subject: Subject,
 ) -> None:
-    """The in-process engine's budget (``KV_BUDGET_OPTION`` and what it requires) on a server
+    """The in-process engine's budget (``kv_budget_option`` and what it requires) on a server
     the harness starts: a batch needing 3.75 budgets is preempted or retracted, as the server
     reports (vLLM's ``/metrics``, SGLang's replies); the subject's server, with room, is not."""
     engine_class = server_engine_class(subject)
-    assert engine_class.KV_BUDGET_OPTION is not None
+    declared = engine_class.capabilities
+    assert declared.kv_budget_option is not None
     assert over_budget(subject.engine()) == 0
-    options = {**engine_class.KV_BUDGET_REQUIRES, engine_class.KV_BUDGET_OPTION: "256"}
+    options = {**declared.kv_budget_requires, declared.kv_budget_option: "256"}
     with started(subject.name, subject.model, options=options) as budgeted:
         assert over_budget(budgeted) > 0
 
@@ -167,7 +168,9 @@ def test_attaching_to_a_running_server_gives_its_numbers(subject: Subject, seque
         assert attached.info()["attached"] is True
         assert attached.knobs() == {}
         # its KV memory is its owner's: the preemption suite cannot bound it
-        assert attached.KV_BUDGET_OPTION is None
+        assert attached.capabilities.kv_budget_option is None
+        # and it is split as its owner chose: no parallel setting the harness could vary
+        assert attached.capabilities.parallel is None
     finally:
         attached.close()
     # closing an attached engine leaves the user's server running

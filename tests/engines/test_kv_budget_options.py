@@ -1,4 +1,4 @@
-"""KV budgets as engine options (``Engine.KV_BUDGET_OPTION``): what each adapter turns the
+"""KV budgets as engine options (``capabilities.kv_budget_option``): what each adapter turns the
 budget into, and the test engine that preempts within one — no vLLM or SGLang started."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ def test_engines_declare_the_option_bounding_their_kv_cache():
     from conformance.engines.sglang import SGLangEngine
     from conformance.engines.vllm import VLLMEngine
 
-    assert VLLMEngine.KV_BUDGET_OPTION == "kv_cache_tokens"
-    assert SGLangEngine.KV_BUDGET_OPTION == "max_total_tokens"
+    assert VLLMEngine.capabilities.kv_budget_option == "kv_cache_tokens"
+    assert SGLangEngine.capabilities.kv_budget_option == "max_total_tokens"
     # hf-generate's cache grows with its batch: no budget, and the suite skips
-    assert ENGINES.get("hf-generate").KV_BUDGET_OPTION is None
+    assert ENGINES.get("hf-generate").capabilities.kv_budget_option is None
 
 
 @pytest.mark.parametrize(

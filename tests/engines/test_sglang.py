@@ -73,10 +73,11 @@ def test_info_names_what_sglang_reads_from_the_environment(engine) -> None:
 
 
 def test_a_kv_budget_makes_sglang_retract(engine, default_model: Path) -> None:
-    """max_total_tokens=256 (KV_BUDGET_OPTION) with its admission estimate of 16 tokens to come
-    (KV_BUDGET_REQUIRES): a batch needing 960 tokens is retracted, as the replies'
+    """max_total_tokens=256 (kv_budget_option) with its admission estimate of 16 tokens to come
+    (kv_budget_requires): a batch needing 960 tokens is retracted, as the replies'
     num_retractions count; with room to spare (the module's 2,048 tokens) nothing is."""
     assert over_budget(engine) == 0
-    options = {**engine.KV_BUDGET_REQUIRES, engine.KV_BUDGET_OPTION: "256"}
+    declared = engine.capabilities
+    options = {**declared.kv_budget_requires, declared.kv_budget_option: "256"}
     with started("sglang", default_model, options=options) as budgeted:
         assert over_budget(budgeted) > 0

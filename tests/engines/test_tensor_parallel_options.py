@@ -20,10 +20,11 @@ def test_vllm_engines_declare_tensor_parallelism():
     from conformance.engines.vllm_server import VLLMServerEngine
 
     for cls in (VLLMEngine, VLLMServerEngine):
-        assert cls.parallel.option == "tensor_parallel_size"
-        assert cls.parallel.label == "tp_size"
-        assert cls.parallel.size({"tensor_parallel_size": "2"}) == 2
-        assert cls.parallel.size({}) == 1
+        setting = cls.capabilities.parallel
+        assert setting.option == "tensor_parallel_size"
+        assert setting.label == "tp_size"
+        assert setting.size({"tensor_parallel_size": "2"}) == 2
+        assert setting.size({}) == 1
 
 
 def test_sglang_on_cpu_refuses_tensor_parallelism_in_one_line():
@@ -38,7 +39,7 @@ def test_sglang_on_cpu_refuses_tensor_parallelism_in_one_line():
 
 
 def test_engines_without_a_parallel_setting_declare_none():
-    assert ENGINES.get("hf-generate").parallel is None
+    assert ENGINES.get("hf-generate").capabilities.parallel is None
 
 
 @pytest.mark.parametrize("size", range(1, len(CORES) + 1))

@@ -77,10 +77,11 @@ def test_a_torchvision_that_does_not_load_is_one_line_naming_the_uninstall(
 
 
 def test_a_kv_budget_makes_vllm_preempt(engine, default_model: Path) -> None:
-    """kv_cache_tokens=256 (KV_BUDGET_OPTION) leaves two 128-token blocks: a batch needing 960
+    """kv_cache_tokens=256 (kv_budget_option) leaves two 128-token blocks: a batch needing 960
     tokens is preempted, as vllm:num_preemptions counts; the engine without a budget runs
     with log stats off and cannot tell."""
     assert engine.preemptions() is None
-    with started("vllm", default_model, options={engine.KV_BUDGET_OPTION: "256"}) as budgeted:
+    options = {engine.capabilities.kv_budget_option: "256"}
+    with started("vllm", default_model, options=options) as budgeted:
         assert budgeted.info()["knobs"]["kv_cache_tokens"] == 256
         assert over_budget(budgeted) > 0

@@ -8,6 +8,7 @@ Plug one in as ``--engine tests.support.byoe_engines:Fp32Only`` from the reposit
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from conformance.engines.base import Completion, EngineConfig, Knob, SamplingSpec
@@ -51,4 +52,4 @@ class IgnoredKnobBatchingDefect(UnmaskedPadding):
 
     name = "ignored-knob-batching-defect"
     OPTIONS: ClassVar[Mapping[str, str]] = {**UnmaskedPadding.OPTIONS, "max_batch_size": "64"}
-    KNOBS: ClassVar[Mapping[str, Knob]] = {"max_batch_size": Knob(("1",))}
+    capabilities = replace(UnmaskedPadding.capabilities, knobs={"max_batch_size": Knob(("1",))})

@@ -58,7 +58,7 @@ class UnmaskedPadding(HFGenerateEngine):
 
     name = "unmasked-padding"
     #: its prompts map one-to-one onto completions: n children come as one batch per child
-    PARALLEL_SAMPLING = False
+    capabilities = replace(HFGenerateEngine.capabilities, parallel_sampling=False)
 
     def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
         width = max(map(len, prompts))
@@ -272,7 +272,7 @@ class RetokenizesBetweenTurns(HFGenerateEngine):
 
     name = "retokenizes-between-turns"
     #: its prompts map one-to-one onto completions: n children come as one batch per child
-    PARALLEL_SAMPLING = False
+    capabilities = replace(HFGenerateEngine.capabilities, parallel_sampling=False)
 
     def __init__(self, config: EngineConfig) -> None:
         from transformers import AutoTokenizer
@@ -306,7 +306,7 @@ class FirstRequestSampler(HFGenerateEngine):
     only some requests set top-k). A request served alone, or a batch of one spec, is right."""
 
     name = "first-request-sampler"
-    MIXED_REQUESTS = True
+    capabilities = replace(HFGenerateEngine.capabilities, mixed_requests=True)
 
     def generate_requests(self, requests: Sequence[Request]) -> list[Completion]:
         first = requests[0].spec
@@ -329,7 +329,7 @@ class CrossedTopLogprobs(HFGenerateEngine):
     concurrent requests, one asking for top-k, corrupt each other's log-probs)."""
 
     name = "crossed-top-logprobs"
-    MIXED_REQUESTS = True
+    capabilities = replace(HFGenerateEngine.capabilities, mixed_requests=True)
 
     def generate_requests(self, requests: Sequence[Request]) -> list[Completion]:
         parent = super()
@@ -352,10 +352,10 @@ class CrossedTopLogprobs(HFGenerateEngine):
 # -- sound controls -----------------------------------------------------------------------
 class OneAtATime(HFGenerateEngine):
     """Sound: samples and scores each prompt in a batch of its own (another batch layout), and
-    serves a mixed batch's requests each alone, declaring ``MIXED_REQUESTS``."""
+    serves a mixed batch's requests each alone, declaring ``capabilities.mixed_requests``."""
 
     name = "one-at-a-time"
-    MIXED_REQUESTS = True
+    capabilities = replace(HFGenerateEngine.capabilities, mixed_requests=True)
 
     def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec, **kw: Any) -> Any:
         parent = super()  # zero-argument super() does not work inside a comprehension
@@ -530,7 +530,7 @@ class DeclaredJointTopKTopP(JointTopKTopP):
     does, and declares that order."""
 
     name = "declared-joint-top-k-top-p"
-    SAMPLER_ORDER = SamplerOrder.JOINT
+    capabilities = replace(JointTopKTopP.capabilities, sampler_order=SamplerOrder.JOINT)
 
 
 class MinPLastUndeclared(HFGenerateEngine):
@@ -540,7 +540,7 @@ class MinPLastUndeclared(HFGenerateEngine):
     keeps some the stated sampler cuts."""
 
     name = "min-p-last-undeclared"
-    SAMPLER_ORDER = STATED_ORDER
+    capabilities = replace(HFGenerateEngine.capabilities, sampler_order=STATED_ORDER)
 
 
 class IdenticalChildren(HFGenerateEngine):
@@ -704,7 +704,7 @@ class TieBreakRouter(_RerouteEngine):
 
 # -- preemption under a KV budget ---------------------------------------------------------------
 class BudgetedWaves(HFGenerateEngine):
-    """Sound: a KV cache bounded to ``kv_budget_tokens`` tokens (its ``KV_BUDGET_OPTION``;
+    """Sound: a KV cache bounded to ``kv_budget_tokens`` tokens (its ``kv_budget_option``;
     0 = unbounded), scheduled as vLLM's is. Requests are admitted in order while their prompts
     and tokens so far fit the budget; before a decode step that would overflow it, the request
     admitted last is preempted (its cache dropped, the request put back at the head of the
@@ -718,11 +718,14 @@ class BudgetedWaves(HFGenerateEngine):
         **HFGenerateEngine.OPTIONS,
         "kv_budget_tokens": "0",
     }
-    KV_BUDGET_OPTION = "kv_budget_tokens"
-    # one request, one stream: the harness forks a group into one seeded batch per child
-    PARALLEL_SAMPLING = False
-    # its own sampling loop composes min-p, top-k and top-p in the stated order, as vLLM does
-    SAMPLER_ORDER = STATED_ORDER
+    capabilities = replace(
+        HFGenerateEngine.capabilities,
+        kv_budget_option="kv_budget_tokens",
+        # one request, one stream: the harness forks a group into one seeded batch per child
+        parallel_sampling=False,
+        # its own sampling loop composes min-p, top-k and top-p in the stated order, as vLLM does
+        sampler_order=STATED_ORDER,
+    )
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)

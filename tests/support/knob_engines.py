@@ -7,6 +7,7 @@ log-prob — the kind of error a fast path (a stale or approximated log-softmax)
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from conformance.engines import Knob
@@ -20,10 +21,10 @@ SKEW = 1e-3
 class SkewedKnobEngine(MicroBatchedEngine):
     name = "skewed-knob-hf"
     OPTIONS: ClassVar[Mapping[str, str]] = {**MicroBatchedEngine.OPTIONS, "skew_logprobs": "false"}
-    KNOBS: ClassVar[Mapping[str, Knob]] = {
-        **MicroBatchedEngine.KNOBS,
-        "skew_logprobs": Knob(("true",)),
-    }
+    capabilities = replace(
+        MicroBatchedEngine.capabilities,
+        knobs={**MicroBatchedEngine.capabilities.knobs, "skew_logprobs": Knob(("true",))},
+    )
 
     def _skew(self) -> float:
         return SKEW if self.options["skew_logprobs"] == "true" else 0.0
@@ -45,7 +46,7 @@ class ChunkSeededEngine(MicroBatchedEngine):
 
     name = "chunk-seeded-hf"
     OPTIONS: ClassVar[Mapping[str, str]] = {**MicroBatchedEngine.OPTIONS, "prefill_chunk": "0"}
-    KNOBS: ClassVar[Mapping[str, Knob]] = {"prefill_chunk": Knob(("8",))}
+    capabilities = replace(MicroBatchedEngine.capabilities, knobs={"prefill_chunk": Knob(("8",))})
 
     def generate(self, prompts: Any, spec: Any, **kwargs: Any) -> Any:
         chunk, longest = int(self.options["prefill_chunk"]), max(map(len, prompts))

@@ -7,6 +7,8 @@ Plug one in as ``--engine support.release_engines:BeyondInstalled`` (``tests/`` 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from conformance.engines.hf_generate import HFGenerateEngine
 from conformance.releases import ReleaseRange
 
@@ -16,7 +18,10 @@ class BeyondInstalled(HFGenerateEngine):
     older than supported, and ``certify`` refuses before it starts anything."""
 
     name = "beyond-installed"
-    RELEASES = ReleaseRange("transformers", min="999.0.0", max_tested="999.0.0")
+    capabilities = replace(
+        HFGenerateEngine.capabilities,
+        releases=ReleaseRange("transformers", min="999.0.0", max_tested="999.0.0"),
+    )
 
 
 class TestedOnOlder(HFGenerateEngine):
@@ -24,4 +29,7 @@ class TestedOnOlder(HFGenerateEngine):
     ``certify`` runs, warns in one line and records the standing in report.json."""
 
     name = "tested-on-older"
-    RELEASES = ReleaseRange("transformers", min="0.1.0", max_tested="0.1.0")
+    capabilities = replace(
+        HFGenerateEngine.capabilities,
+        releases=ReleaseRange("transformers", min="0.1.0", max_tested="0.1.0"),
+    )
