@@ -1,13 +1,17 @@
 """certificate.json: a small, storable record of which stack was certified against which profile.
 
-A long RL run keeps the certificate; a later run compares its own stack against it
-(``tim-conformance certify --check certificate.json``) to learn whether it still runs the
-certified stack — same engine, backend, dtypes, model hash, versions, device and numerics env.
+A long RL run keeps the certificate; a launcher checks it
+(``tim-conformance certify --check certificate.json``) before it starts the run: the run may go
+only on a certificate that certifies the stack (a full run's pass), that no one edited (its
+fingerprint recomputed from its stack, its fields against the report beside it, its signature
+where ``TIM_CERT_KEY`` is set) and whose stack is today's — same engine, backend, dtypes, model
+hash, versions, device, threads and numerics env.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,12 +19,18 @@ from pathlib import Path
 from typing import Any
 
 from conformance import __version__
+from conformance.env import CERT_KEY
 from conformance.errors import UsageError
 from conformance.metric_table import worst_metrics
 from conformance.report.schema import Report, load_report
-from conformance.stack import VOLATILE_INFO
+from conformance.stack import VOLATILE_INFO, stack_fingerprint
 
 CERTIFICATE_SCHEMA = 1
+#: how ``signature`` starts: the MAC it holds, in case another ever joins it
+SIGNATURE_PREFIX = "hmac-sha256:"
+#: fields a certificate rebuilt from its report need not share with it: the signature is over
+#: the rest, and the harness's version is the one that wrote it (the stack records it too)
+_NOT_FROM_REPORT = ("signature", "tim_conformance")
 
 #: stack fields that identify a checkout or a process rather than the numerics: a model moved
 #: to another folder is the same model (its sha256 says so); a server's port or a rank's pid is
@@ -40,6 +50,21 @@ class CertificateCheck:
     matches: bool
     #: (dotted field, certified value, current value) for every field that differs
     differences: list[tuple[str, object, object]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LaunchVerdict:
+    """What ``certify --check`` concludes: whether a run may start on a certificate."""
+
+    #: one line per reason it may not (none: it may), the stack's differences last
+    reasons: list[str]
+    #: what was checked or left unchecked beyond the reasons, one line each (the signature)
+    notes: list[str]
+    stack: CertificateCheck
+
+    @property
+    def certifies(self) -> bool:
+        return not self.reasons
 
 
 def stable_stack(stack: Mapping[str, Any]) -> dict[str, Any]:
@@ -98,11 +123,15 @@ def build_certificate(
 def write_certificate(
     report_path: Path, out: Path, *, stack_args: list[str] | None = None
 ) -> dict[str, Any]:
-    """Write ``out`` (certificate.json) for the report at ``report_path``; return its content."""
+    """Write ``out`` (certificate.json) for the report at ``report_path``, signed where
+    ``TIM_CERT_KEY`` is set; return its content."""
     report_path = Path(report_path)
     report = load_report(report_path)
     digest = hashlib.sha256(report_path.read_bytes()).hexdigest()
     certificate = build_certificate(report, digest, stack_args=stack_args)
+    key = CERT_KEY.get()
+    if key:
+        certificate["signature"] = sign(certificate, key)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(certificate, indent=2, sort_keys=True) + "\n", "utf-8")
@@ -146,7 +175,156 @@ def certified_stack_args(certificate: Mapping[str, Any]) -> list[str]:
 
 def check_certificate(cert_path: Path, stack: Mapping[str, Any]) -> CertificateCheck:
     """Compare the current ``stack`` (report.json's shape) with the certified one."""
-    certified = _flatten(load_certificate(cert_path)["stack"])
+    return _compare_stacks(load_certificate(cert_path), stack)
+
+
+def judge_certificate(cert_path: Path, stack: Mapping[str, Any]) -> LaunchVerdict:
+    """Whether a run of the current ``stack`` may start on the certificate at ``cert_path``: it
+    must be untouched (signature, fingerprint, the report beside it), certify the stack, and
+    name this very stack. A missing or malformed file is a one-line UsageError."""
+    cert_path = Path(cert_path)
+    certificate = load_certificate(cert_path)
+    signature_reasons, notes = _signature_check(certificate, CERT_KEY.get())
+    comparison = _compare_stacks(certificate, stack)
+    reasons = [
+        *signature_reasons,
+        *_edited_fields(certificate, cert_path.parent / "report.json"),
+        *_not_certified(certificate),
+    ]
+    if comparison.differences:
+        changed = ", ".join(key for key, _, _ in comparison.differences)
+        reasons.append(f"the stack changed since it was certified: {changed}")
+    return LaunchVerdict(reasons=reasons, notes=notes, stack=comparison)
+
+
+def sign(certificate: Mapping[str, Any], key: str) -> str:
+    """The ``signature`` of ``certificate`` under ``key``: an HMAC-SHA256 of its canonical JSON
+    (sorted keys, compact separators) without the signature itself."""
+    unsigned = {k: v for k, v in certificate.items() if k != "signature"}
+    canonical = json.dumps(unsigned, sort_keys=True, separators=(",", ":")).encode()
+    return SIGNATURE_PREFIX + hmac.new(key.encode(), canonical, hashlib.sha256).hexdigest()
+
+
+def _signature_check(
+    certificate: Mapping[str, Any], key: str | None
+) -> tuple[list[str], list[str]]:
+    """(reasons, notes) about the certificate's signature: with no key only a note that a
+    signature went unverified; with one, a reason for a missing or wrong signature."""
+    signature = certificate.get("signature")
+    if key is None:
+        unverified = f"signature not verified ({CERT_KEY.name} not set)"
+        return [], [unverified] if signature is not None else []
+    if signature is None:
+        return [
+            f"the certificate is not signed, and {CERT_KEY.name} is set: only a certificate "
+            "certify signed with that key is accepted"
+        ], []
+    if not hmac.compare_digest(str(signature).encode(), sign(certificate, key).encode()):
+        return [
+            f"certificate field 'signature' does not verify with {CERT_KEY.name}: the "
+            "certificate was edited after it was signed, or signed with another key"
+        ], []
+    return [], [f"signature verified with {CERT_KEY.name}"]
+
+
+def _edited_fields(certificate: Mapping[str, Any], report_path: Path) -> list[str]:
+    """One line per field shown edited: against the report beside the certificate where it is
+    the one certified (its sha256), and the fingerprint and ``certified`` against the rest of
+    the certificate itself."""
+    named: list[str] = []
+    reasons = []
+    if report_path.is_file():
+        data = report_path.read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != certificate.get("report_sha256"):
+            reasons.append(
+                f"certificate field 'report_sha256' does not match the {report_path} beside it "
+                f"(which hashes to {digest[:16]}…): the report or that field was edited"
+            )
+        else:
+            rebuilt = build_certificate(
+                load_report(report_path), digest, stack_args=certificate.get("stack_args")
+            )
+            for key, says, reported in _flat_differences(certificate, rebuilt):
+                named.append(key)
+                reasons.append(
+                    f"certificate field '{key}' was edited: it says {_short(says)}, "
+                    f"its report.json {_short(reported)}"
+                )
+    recorded = certificate.get("fingerprint")
+    recomputed = _recomputed_fingerprint(certificate["stack"])
+    if recomputed != recorded and not any(
+        k == "fingerprint" or k.startswith("stack.") for k in named
+    ):
+        reasons.append(
+            f"certificate field 'fingerprint' was edited (or its 'stack'): {_short(recorded)} "
+            f"is not the hash of the stack it records ({recomputed or 'a stack cut short'})"
+        )
+    verdict, scope = certificate.get("verdict"), certificate.get("scope", "stack")
+    certifies = verdict == "pass" and scope == "stack"
+    if certificate.get("certified") is not certifies and not {
+        "certified",
+        "verdict",
+        "scope",
+    } & set(named):
+        reasons.append(
+            f"certificate field 'certified' was edited (or 'verdict' or 'scope'): it says "
+            f"{_short(certificate.get('certified'))}, but verdict {verdict!r} over scope "
+            f"{scope!r} {'certifies' if certifies else 'does not certify'}"
+        )
+    return reasons
+
+
+def _not_certified(certificate: Mapping[str, Any]) -> list[str]:
+    """One line per reason the certified run certifies no stack."""
+    verdict, scope = certificate.get("verdict"), certificate.get("scope", "stack")
+    reasons = []
+    if verdict == "fail":
+        reasons.append("its run was not certified: verdict NOT CERTIFIED")
+    elif verdict == "incomplete":
+        reasons.append(
+            "its run was not certified: it did not finish (verdict incomplete: interrupted, "
+            "or a component failed)"
+        )
+    elif verdict != "pass":
+        reasons.append(f"its run was not certified: verdict {verdict!r}")
+    if scope != "stack":
+        suites = ", ".join(map(str, certificate.get("suites") or [])) or "?"
+        reasons.append(
+            f"scoped to suite(s) {suites}: a --suite run is no certificate of the stack "
+            "(certify without --suite)"
+        )
+    return reasons
+
+
+def _recomputed_fingerprint(stack: Mapping[str, Any]) -> str | None:
+    """The fingerprint of a certificate's stack; None for one without the parts it hashes."""
+    if not all(isinstance(stack.get(k), dict) for k in ("model", "engine_info", "backend_info")):
+        return None
+    return stack_fingerprint(stack)
+
+
+def _flat_differences(
+    certificate: Mapping[str, Any], rebuilt: Mapping[str, Any]
+) -> list[tuple[str, object, object]]:
+    """(dotted field, certificate's value, rebuilt value) for every field that differs, as JSON
+    with sorted keys (a NaN metric equals itself; a list's tables compare as tables)."""
+    said = _flatten({k: v for k, v in certificate.items() if k not in _NOT_FROM_REPORT})
+    built = _flatten({k: v for k, v in rebuilt.items() if k not in _NOT_FROM_REPORT})
+    return [
+        (key, said.get(key), built.get(key))
+        for key in sorted(said.keys() | built.keys())
+        if json.dumps(said.get(key), sort_keys=True) != json.dumps(built.get(key), sort_keys=True)
+    ]
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _compare_stacks(certificate: Mapping[str, Any], stack: Mapping[str, Any]) -> CertificateCheck:
+    certified = _flatten(certificate["stack"])
     current = _flatten(stable_stack(stack))
     differences = [
         (key, certified.get(key), current.get(key))

@@ -51,6 +51,13 @@ ANY_RELEASE = EnvVar(
     "set to 1 to run an engine or backend release older than the oldest its adapter supports",
 )
 
+CERT_KEY = EnvVar(
+    "TIM_CERT_KEY",
+    None,
+    "a secret key: certify signs certificate.json with it (HMAC-SHA256), and certify --check "
+    "then refuses a certificate whose signature does not verify with it",
+)
+
 #: what the stack-running commands (certify, pytest with --tim-*) read
 STACK = (
     CACHE,
@@ -60,6 +67,8 @@ STACK = (
     VLLM_KV_CACHE,
     ANY_RELEASE,
 )
+#: what certify reads: the stack's variables and the certificate's key
+CERTIFY = (*STACK, CERT_KEY)
 
 
 def help_text(variables: Iterable[EnvVar]) -> str:

@@ -44,7 +44,7 @@ def add_parser(subparsers: Any) -> None:
         help="run the conformance suites on a stack and certify it",
         description="Run the conformance suites (pytest, in-process) on an engine + backend + "
         "model + dtype stack; write report.json, report.html and certificate.json.",
-        epilog=EPILOG + supported + env.help_text(env.STACK),
+        epilog=EPILOG + supported + env.help_text(env.CERTIFY),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_stack_options(parser.add_argument, prefix="")
@@ -79,8 +79,11 @@ def add_parser(subparsers: Any) -> None:
         type=Path,
         default=None,
         metavar="CERTIFICATE",
-        help="do not run the suites: say whether the current stack is the certified one (with "
-        "no stack options, the stack the certificate names; with some, the stack they give)",
+        help="do not run the suites: exit 0 only if the certificate certifies the stack (a full "
+        "run's pass), was not edited (its fingerprint, the report.json beside it, its signature "
+        f"where {env.CERT_KEY.name} is set) and names the current stack (with no stack options, "
+        "the stack the certificate names; with some, the stack they give); else exit 1, one "
+        "line per reason (default: run the suites)",
     )
     parser.set_defaults(func=run)
 
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or Path("reports") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     seed = DEFAULT_SEED if args.seed is None else args.seed
     if args.check is not None:
-        return _check(spec.preflight(), args.check)
+        return _check(spec, args.check)
     with sigterm_as_interrupt() as signals:
         try:
             # may calibrate the model's own profile first: minutes, where a run gets cut short
@@ -265,21 +268,27 @@ def _conclude(report: dict[str, Any], out: Path, stack_args: list[str]) -> int:
 
 
 def _check(spec: Any, certificate: Path) -> int:
-    from conformance.certificate import check_certificate
+    from conformance.certificate import judge_certificate, load_certificate
     from conformance.session import HarnessSession
 
-    session = HarnessSession(spec, seed=DEFAULT_SEED, report_dir=None, command="")
+    load_certificate(certificate)  # an unreadable one is refused before anything starts
+    session = HarnessSession(spec.preflight(), seed=DEFAULT_SEED, report_dir=None, command="")
     try:
         session.engine  # noqa: B018 — starting it is how its versions and knobs are learned
         session.backend  # noqa: B018
         stack = session.report().stack
     finally:
         session.close()
-    result = check_certificate(certificate, stack)
-    if result.matches:
-        print(f"tim-conformance: the current stack is the one certified in {certificate}")
-        return 0
-    print(f"tim-conformance: the current stack differs from {certificate}:")
-    for field, certified, current in result.differences:
+    verdict = judge_certificate(certificate, stack)
+    if verdict.certifies:
+        print(
+            f"tim-conformance: CERTIFIED for this launch: the current stack is the one certified "
+            f"in {certificate}"
+        )
+    for reason in verdict.reasons:
+        print(f"tim-conformance: NOT CERTIFIED for this launch: {reason}")
+    for field, certified, current in verdict.stack.differences:
         print(f"  {field}: certified {certified!r}, now {current!r}")
-    return 1
+    for note in verdict.notes:
+        print(f"tim-conformance: {note}")
+    return 0 if verdict.certifies else 1

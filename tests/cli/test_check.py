@@ -1,0 +1,198 @@
+"""``certify --check CERT`` as a launcher's gate, run as a launcher runs it (a subprocess, real
+runs of the default stack): exit 0 only on an untouched certificate of a CERTIFIED run of
+today's stack; exit 1, one line per reason, on a NOT CERTIFIED, a ``--suite`` or an interrupted
+run's certificate, an edited field (named), a signature that does not verify, a stack that
+changed; exit 2 on a file that is no certificate."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.support.certify_runs import certify_interrupted
+
+REPO = Path(__file__).resolve().parents[2]
+KEY = "launcher-secret"
+REFUSED = "tim-conformance: NOT CERTIFIED for this launch: "
+
+
+def certify(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "conformance", "certify", *args],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=900,
+    )  # fmt: skip
+
+
+def check(certificate: Path, env: dict[str, str], **variables: str) -> tuple[int, list[str]]:
+    """``certify --check``'s exit code and its verdict lines (those it prints on stdout)."""
+    result = certify("--check", str(certificate), env={**env, **variables})
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.returncode, result.stdout.splitlines()
+
+
+def reasons(lines: list[str]) -> list[str]:
+    return [line.removeprefix(REFUSED) for line in lines if line.startswith(REFUSED)]
+
+
+@pytest.fixture(scope="module")
+def env() -> dict[str, str]:
+    """The environment every certify and check of the module runs in: the same, so that the
+    stack it records is the same, and without a key unless a test gives one."""
+    variables = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    variables.pop("TIM_CERT_KEY", None)
+    return variables
+
+
+@pytest.fixture(scope="module")
+def certified(env, tmp_path_factory) -> Path:
+    """A CERTIFIED run of the default stack (every suite, two examples a property), its
+    certificate signed with ``KEY``; the folder holds report.json beside it."""
+    out = tmp_path_factory.mktemp("certified") / "run"
+    run = certify("--examples", "2", "--out", str(out), env={**env, "TIM_CERT_KEY": KEY})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    certificate = json.loads((out / "certificate.json").read_text())
+    assert certificate["certified"] is True and certificate["signature"].startswith("hmac-")
+    return out
+
+
+def edited(certified: Path, folder: Path, edit: Callable[[dict], None]) -> Path:
+    """A copy of the certified run's folder whose certificate ``edit`` changed."""
+    shutil.copytree(certified, folder)
+    path = folder / "certificate.json"
+    certificate = json.loads(path.read_text())
+    edit(certificate)
+    path.write_text(json.dumps(certificate, indent=2))
+    return path
+
+
+def test_an_untouched_certificate_of_a_certified_run_lets_the_launch_go(certified, env):
+    code, lines = check(certified / "certificate.json", env)
+    assert code == 0, lines
+    assert lines[0].startswith("tim-conformance: CERTIFIED for this launch: the current stack")
+    # signed, but no key to verify it with: said, not passed over in silence
+    assert "tim-conformance: signature not verified (TIM_CERT_KEY not set)" in lines
+    code, lines = check(certified / "certificate.json", env, TIM_CERT_KEY=KEY)
+    assert code == 0, lines
+    assert "tim-conformance: signature verified with TIM_CERT_KEY" in lines
+
+
+@pytest.mark.parametrize(
+    ("field", "edit"),
+    [
+        ("fingerprint", lambda c: c.update(fingerprint="0" * 16)),
+        (
+            "metrics.rollout_parity.abs_diff_max",
+            lambda c: c["metrics"]["rollout_parity"].update(abs_diff_max=1e-9),
+        ),
+        ("verdict", lambda c: c.update(verdict="fail")),
+    ],
+)
+def test_an_edited_field_is_named_and_breaks_the_signature(field, edit, certified, env, tmp_path):
+    path = edited(certified, tmp_path / "run", edit)
+    code, lines = check(path, env, TIM_CERT_KEY=KEY)
+    assert code == 1, lines
+    said = reasons(lines)
+    assert lines[0].startswith(REFUSED)
+    assert any(r.startswith(f"certificate field '{field}' was edited: it says ") for r in said)
+    assert any(r.startswith("certificate field 'signature' does not verify") for r in said)
+    # the stack itself is today's: no stack difference is blamed for it
+    assert not any(r.startswith("the stack changed") for r in said), said
+
+
+def test_an_edited_fingerprint_shows_without_the_report_or_a_key(certified, env, tmp_path):
+    """Moved away from its report, with no key set: the fingerprint is recomputed from the
+    stack the certificate records."""
+    path = edited(certified, tmp_path / "run", lambda c: c.update(fingerprint="0" * 16))
+    (path.parent / "report.json").unlink()
+    code, lines = check(path, env)
+    assert code == 1, lines
+    (reason,) = reasons(lines)
+    assert reason.startswith("certificate field 'fingerprint' was edited (or its 'stack'): ")
+    assert "tim-conformance: signature not verified (TIM_CERT_KEY not set)" in lines
+
+
+def test_another_key_does_not_verify_the_signature(certified, env):
+    code, lines = check(certified / "certificate.json", env, TIM_CERT_KEY="another")
+    assert code == 1, lines
+    assert reasons(lines) == [
+        "certificate field 'signature' does not verify with TIM_CERT_KEY: the certificate was "
+        "edited after it was signed, or signed with another key"
+    ]
+
+
+def test_a_not_certified_run_certifies_no_launch(env, tmp_path):
+    """A full run that ends NOT CERTIFIED (the shipped fp32 profile with a bound no stack
+    meets): its certificate is untouched and names today's stack, and still refused."""
+    profile = tmp_path / "tiny.toml"
+    shipped = (REPO / "conformance" / "profiles" / "fp32.toml").read_text().splitlines()
+    profile.write_text(
+        "\n".join("abs_diff_max = 1e-12" if s.startswith("abs_diff_max =") else s for s in shipped)
+    )
+    out = tmp_path / "run"
+    run = certify("--profile", str(profile), "--examples", "1", "--out", str(out), env=env)
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    code, lines = check(out / "certificate.json", env)
+    assert code == 1, lines
+    assert reasons(lines) == ["its run was not certified: verdict NOT CERTIFIED"]
+
+
+def test_a_suite_run_certifies_no_launch_and_a_key_wants_a_signature(env, tmp_path):
+    out = tmp_path / "run"
+    run = certify(
+        "--suite", "rollout_parity", "--examples", "2", "--out", str(out), env=env
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    code, lines = check(out / "certificate.json", env, TIM_CERT_KEY=KEY)
+    assert code == 1, lines
+    # written with no key: unsigned, which a launcher holding the key refuses
+    assert reasons(lines) == [
+        "the certificate is not signed, and TIM_CERT_KEY is set: only a certificate certify "
+        "signed with that key is accepted",
+        "scoped to suite(s) rollout_parity: a --suite run is no certificate of the stack "
+        "(certify without --suite)",
+    ]
+
+
+def test_an_interrupted_run_certifies_no_launch(env, tmp_path):
+    out = tmp_path / "run"
+    code, output = certify_interrupted(
+        env=env, out=out, at="tim-conformance: certifying", signal_name="SIGTERM"
+    )
+    assert code == 2, output[-3000:]
+    code, lines = check(out / "certificate.json", env)
+    assert code == 1, lines
+    # cut short before its engine started, it recorded no engine or backend info either: that
+    # stack difference follows, but the first reason is that nothing was certified
+    said = reasons(lines)
+    assert said[0].startswith("its run was not certified: it did not finish"), said
+
+
+def test_thread_settings_outside_the_flags_are_part_of_the_stack(certified, env):
+    recorded = json.loads((certified / "certificate.json").read_text())["stack"]["device"]
+    threads = "2" if recorded["threads"] == 1 else "1"
+    code, lines = check(certified / "certificate.json", env, OMP_NUM_THREADS=threads)
+    assert code == 1, lines
+    (reason,) = reasons(lines)
+    assert reason.startswith("the stack changed since it was certified: ")
+    changed = reason.split(": ", 1)[1].split(", ")
+    assert {"env.OMP_NUM_THREADS", "device.threads"} <= set(changed)
+    assert f"  device.threads: certified {recorded['threads']}, now {threads}" in lines
+
+
+@pytest.mark.parametrize("content", [None, "{not json", '{"certificate_schema": 1}'])
+def test_a_file_that_is_no_certificate_is_one_line_and_exit_2(content, env, tmp_path):
+    path = tmp_path / "certificate.json"
+    if content is not None:
+        path.write_text(content)
+    result = certify("--check", str(path), env=env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    errors = [e for e in result.stderr.splitlines() if e.startswith("tim-conformance: error: ")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr
+    assert "(fix: pass " in errors[0] and not reasons(result.stdout.splitlines())
