@@ -307,10 +307,12 @@ def _recomputed_fingerprint(stack: Mapping[str, Any]) -> str | None:
 def _flat_differences(
     certificate: Mapping[str, Any], rebuilt: Mapping[str, Any]
 ) -> list[tuple[str, object, object]]:
-    """(dotted field, certificate's value, rebuilt value) for every field that differs, as JSON
-    with sorted keys (a NaN metric equals itself; a list's tables compare as tables)."""
-    said = _flatten({k: v for k, v in certificate.items() if k not in _NOT_FROM_REPORT})
-    built = _flatten({k: v for k, v in rebuilt.items() if k not in _NOT_FROM_REPORT})
+    """(dotted field, certificate's value, rebuilt value) for every field of the certificate
+    that differs, as JSON with sorted keys (a NaN metric equals itself; a list's tables compare
+    as tables). A field the certificate lacks is one an older harness did not write."""
+    compared = [k for k in certificate if k not in _NOT_FROM_REPORT]
+    said = _flatten({k: certificate[k] for k in compared})
+    built = _flatten({k: rebuilt.get(k) for k in compared})
     return [
         (key, said.get(key), built.get(key))
         for key in sorted(said.keys() | built.keys())
