@@ -39,6 +39,9 @@ _NOT_FROM_REPORT = ("signature", "tim_conformance")
 VOLATILE = (
     ("fingerprint",),
     ("model", "path"),
+    # one venv's interpreter is `python` run as `python -m conformance` and `python3.11` behind
+    # the `tim-conformance` script; the packages it runs are recorded by version
+    ("python_executable",),
     *((info, key) for info in ("engine_info", "backend_info") for key in sorted(VOLATILE_INFO)),
 )
 

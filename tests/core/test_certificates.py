@@ -1,5 +1,6 @@
 """Certificates mean what they say: a run of some suites is no certificate of the stack, and
-``certify --check CERT`` alone checks the stack the certificate names. (A full run's certificate,
+``certify --check CERT`` alone checks the stack the certificate names (and refuses a run of
+some suites all the same). (A full run's certificate,
 the suites it lists and the skip reasons on the terminal: ``test_certify.py``'s default run.)"""
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ def test_a_run_of_some_suites_is_no_certificate_and_check_reads_its_stack(tmp_pa
     assert certificate["verdict"] == "pass"
     assert certificate["certified"] is False and certificate["scope"] == "suites"
     assert certificate["suites"] == ["rollout_parity"]
-    # no stack options: the certificate's own stack (a non-default engine) is the one checked
+    # no stack options: the certificate's own stack (a non-default engine) is the one checked,
+    # and found unchanged; the gate still refuses it, as a run of some suites only
     check = certify("--check", str(out / "certificate.json"), env=cli_env)
-    assert check.returncode == 0, check.stdout + check.stderr
-    assert "is the one certified" in check.stdout
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert "scoped to suite(s) rollout_parity" in check.stdout
+    assert "the stack changed" not in check.stdout
     # stack options given: that stack is checked against it
     other = certify(
         "--check", str(out / "certificate.json"), "--engine", "hf-generate", env=cli_env
