@@ -8,6 +8,7 @@ starts until a test asks for one. All state lives in one :class:`HarnessSession`
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -101,9 +102,11 @@ def activate(config: pytest.Config) -> HarnessSession:
     if SESSION_KEY in config.stash:
         return config.stash[SESSION_KEY]
     from hypothesis import Phase, core, settings
+    from hypothesis.configuration import set_hypothesis_home_dir
     from hypothesis.internal.conjecture import engine as conjecture_engine
 
     from conformance.errors import ConformanceError
+    from conformance.models.cache import cache_root
     from conformance.session import HarnessSession, new_seed
     from conformance.stack import StackSpec
 
@@ -145,6 +148,11 @@ def activate(config: pytest.Config) -> HarnessSession:
     overrides: dict[str, Any] = {"deadline": None, "phases": phases, "derandomize": False}
     if explicit_examples or not config.getoption("hypothesis_profile", None):
         overrides["max_examples"] = spec.examples
+    if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        # Hypothesis's files in the harness's cache, not .hypothesis/ in the folder the run
+        # started in. Its example database is never read or written here: every run forces
+        # its seed (Hypothesis keeps no examples then), which a replay command repeats
+        set_hypothesis_home_dir(cache_root() / "hypothesis")
     settings.register_profile("tim-conformance", parent=settings(), **overrides)
     settings.load_profile("tim-conformance")
     # Hypothesis documents this limit as the one to patch; a rare failure can otherwise take

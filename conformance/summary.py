@@ -7,7 +7,10 @@ from pathlib import Path
 
 from conformance.metric_table import HEADLINE_METRICS
 from conformance.report.page import scope_note, verdict_word
-from conformance.report.schema import Report
+from conformance.report.schema import Check, Report
+
+#: violations named on a failed check's ``bound:`` line; the rest are in report.json
+SHOWN_VIOLATIONS = 3
 
 
 def verdict_lines(report: Report, report_dir: Path | None) -> list[str]:
@@ -48,14 +51,7 @@ def verdict_lines(report: Report, report_dir: Path | None) -> list[str]:
             # what a passing check reports (a measurement not judged) or could not cover
             lines.append(f"NOTE {check.nodeid}: {check.message}")
         if check.status in ("fail", "error", "interrupted"):
-            lines.append(f"{check.status.upper()} {check.nodeid}: {check.message}")
-            for why in dict.fromkeys(check.not_judged.values()):
-                lines.append(f"  not judged: {why}")
-            if check.shrink is not None and check.shrink.cut_short:
-                lines.append(
-                    f"  shrinking cut short after {check.shrink.seconds:.0f} s: the recorded "
-                    "case may not be minimal (--shrink-seconds)"
-                )
+            lines += failure_lines(check)
     stack = report.stack
     verdict = f"verdict: {verdict_word(report)}"
     for why in (report.reason, scope_note(report)):
@@ -72,3 +68,59 @@ def verdict_lines(report: Report, report_dir: Path | None) -> list[str]:
     if report_dir is not None:
         lines.append(f"report: {report_dir / 'report.json'}")
     return lines
+
+
+def failure_lines(check: Check) -> list[str]:
+    """A failed (errored, interrupted) check in a few lines: its message (the failing case's
+    metric, value and bound); the bounds its examples broke (report.json's ``violations``);
+    the case it failed on — Hypothesis's shrunk one — in sizes (the ids are in report.json); and
+    the command that replays it."""
+    lines = [f"{check.status.upper()} {check.nodeid}: {check.message}"]
+    if check.violations:
+        shown = "; ".join(str(v) for v in check.violations[:SHOWN_VIOLATIONS])
+        more = len(check.violations) - SHOWN_VIOLATIONS
+        lines.append(
+            f"  bounds broken: {shown}" + (f" (+{more} more in report.json)" if more > 0 else "")
+        )
+    lines += [f"  not judged: {why}" for why in dict.fromkeys(check.not_judged.values())]
+    case = check.worst_case
+    if case:
+        described = case_summary(case)
+        if check.shrink is not None and check.shrink.cut_short:
+            described += (
+                f"; shrinking cut short after {check.shrink.seconds:.0f} s: it may not be "
+                "minimal (--shrink-seconds)"
+            )
+        lines.append(f"  case: {described} (token ids in report.json)")
+        if case.get("replay"):
+            lines.append(f"  replay: {case['replay']}")
+    return lines
+
+
+#: sampling values a case summary leaves out when they are these (SamplingSpec's defaults)
+_SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "n": 1}
+
+
+def case_summary(case: dict[str, object]) -> str:
+    """A recorded case (``Check.worst_case``) in sizes: its sequences and their prompt
+    lengths, new tokens and the sampling values that are not the defaults."""
+    prompts = case.get("prompt_ids")
+    parts = []
+    if isinstance(prompts, list) and prompts:
+        lengths = [len(p) for p in prompts if isinstance(p, list)]
+        if len(lengths) == 1:
+            parts.append(f"1 sequence, prompt of {lengths[0]} tokens")
+        elif lengths:
+            parts.append(
+                f"{len(lengths)} sequences, prompts of {min(lengths)}–{max(lengths)} tokens"
+            )
+    sampling = case.get("sampling")
+    if isinstance(sampling, dict):
+        new = sampling.get("max_new_tokens")
+        parts.append(f"{new} new token{'' if new == 1 else 's'}")
+        parts += [
+            f"{name} {sampling[name]}"
+            for name, default in _SAMPLING_DEFAULTS.items()
+            if sampling.get(name, default) != default
+        ]
+    return ", ".join(parts) or "recorded"
