@@ -325,15 +325,17 @@ class Recorder:
         """Record what sets the running check apart (its report entry's ``context``)."""
         self._require_check().context.update(context)
 
-    def check_profile(self, metrics: dict[str, float]) -> None:
+    def check_profile(self, metrics: dict[str, float], *, where: str = "") -> None:
         """Hold one example to the profile's per-token and per-sequence bounds; the failure
-        names metric, value, threshold, the case and the replay command."""
+        names metric, value, threshold, ``where`` (what the property found of the difference:
+        the position it starts at), the case and the replay command."""
         record = self._require_check()
         violations = self._profile.check(
             {k: v for k, v in metrics.items() if k in EXAMPLE_METRICS}, suite=record.suite
         )
         if violations:
             detail = f" — {record.nonfinite_at}" if metrics["nonfinite_tokens"] else ""
+            detail += f" — {where}" if where else ""
             self._raise_violation(
                 violations,
                 f"{_describe(violations)} (profile {self._profile.name}){detail}",

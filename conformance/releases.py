@@ -118,6 +118,35 @@ def check(owner: str, releases: ReleaseRange | None) -> str | None:
     return None
 
 
+def check_stack(components: Mapping[str, ReleaseRange | None]) -> str | None:
+    """:func:`check` for every component of a stack (owner, as ``engine 'vllm'`` → its declared
+    range), in one line: the components on one newer-than-tested install named together.
+    ``None`` where every one is within its range; ``UsageError`` for the first one below it."""
+    said: list[str] = []
+    newer: dict[str, list[tuple[str, str]]] = {}
+    for owner, declared in components.items():
+        line = check(owner, declared)
+        found = declared.installed() if declared is not None else None
+        if line is not None and found and declared.standing(found[1]) is Standing.NEWER:
+            newer.setdefault(" ".join(found), []).append((owner, declared.label()))
+        elif line is not None:
+            said.append(line)
+    clauses = []
+    for installed, tested in newer.items():
+        labels = dict.fromkeys(label for _, label in tested)
+        ranges = (
+            next(iter(labels))
+            if len(labels) == 1
+            else "; ".join(f"{owner}: {label}" for owner, label in tested)
+        )
+        owners = " and ".join(owner for owner, _ in tested)
+        verb = "was" if len(tested) == 1 else "were"
+        clauses.append(f"{installed} is newer than {owners} {verb} tested on ({ranges})")
+    if clauses:
+        said.append(", ".join(clauses) + "; running, report.json records it")
+    return "; ".join(said) or None
+
+
 #: lines :func:`warn` printed in this process (certify's preflight, then its pytest plugin's)
 _WARNED: set[str] = set()
 

@@ -144,9 +144,15 @@ class StackSpec:
         engine, backend = ENGINES.get(self.engine), BACKENDS.get(self.backend)
         engine.check_options(self.engine_options)
         backend.check_options(self.backend_options)
-        # one line each, before the model is built or anything starts
-        releases.warn(releases.check(f"engine {self.engine!r}", engine.capabilities.releases))
-        releases.warn(releases.check(f"backend {self.backend!r}", backend.RELEASES))
+        # one line for both, before the model is built or anything starts
+        releases.warn(
+            releases.check_stack(
+                {
+                    f"engine {self.engine!r}": engine.capabilities.releases,
+                    f"backend {self.backend!r}": backend.RELEASES,
+                }
+            )
+        )
         model = inspect_model(self.model_dir())
         self._check_run_shape(model.max_position_embeddings)
         device = device_info()

@@ -84,18 +84,45 @@ def _check_top_logprobs(recorder, backend, requests, completions, margin):
             worst = max(worst, diff)
             if diff > margin or missing > 2 * margin:
                 recorder.note(top_logprobs_abs_diff_max=worst)
+                index = requests.index(request)
+                # the cause is named only where the evidence is there: another request's row
+                # at this step holds the reported values
+                theirs = _row_holding(backend, requests, completions, index, step, top, margin)
+                cause = (
+                    f" — they are request {theirs}'s at this step: a request's top-k log-probs "
+                    "taken from another request's row (vllm#51789)"
+                    if theirs is not None
+                    else ""
+                )
                 recorder.fail(
-                    f"request {requests.index(request)}'s top-{request.top_logprobs} log-probs "
-                    f"at step {step} are not the backend's: {diff:.3g} off at worst, the "
-                    f"backend's {request.top_logprobs}-th ranked {missing:.3g} above the lowest "
-                    f"reported (abs_diff_max bound {margin:.3g}) — a request's top-k log-probs "
-                    "taken from another request's row (vllm#51789)",
+                    f"request {index}'s top-{request.top_logprobs} log-probs at step {step} "
+                    f"(position {start + 1 + step}, counting the prompt) are not the backend's: "
+                    f"{diff:.3g} off at worst, the backend's {request.top_logprobs}-th ranked "
+                    f"{missing:.3g} above the lowest reported (abs_diff_max bound "
+                    f"{margin:.3g}){cause}",
                     # the other way to fail, a top-k id left out, has no one number
                     breach=breach("top_logprobs_abs_diff_max", diff, margin)
                     if diff > margin
                     else None,
                 )
     recorder.note(top_logprobs_abs_diff_max=worst)
+
+
+def _row_holding(backend, requests, completions, index, step, top, margin):
+    """The index of another request whose backend distribution at ``step`` of its rollout
+    gives request ``index``'s reported top log-probs ``top`` (id → value) within ``margin``;
+    ``None`` where none does."""
+    others = [(j, c) for j, c in enumerate(completions) if j != index and step < len(c.tokens)]
+    if not others:
+        return None
+    rows = backend.next_token_logprobs([c.sequence for _, c in others])
+    ids = torch.tensor(list(top))
+    reported = torch.tensor(list(top.values()), dtype=torch.float64)
+    for (j, completion), logp in zip(others, rows, strict=True):
+        row = torch.as_tensor(logp[len(completion.prompt) - 1 + step], dtype=torch.float64)
+        if float((reported - row[ids]).abs().max()) <= margin:
+            return j
+    return None
 
 
 def _check_alone(recorder, engine, request, in_batch):

@@ -7,8 +7,10 @@ import datetime as dt
 import json
 import shlex
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from conformance import env, releases
 from conformance.errors import EngineCrashed, UsageError
@@ -85,6 +87,14 @@ def add_parser(subparsers: Any) -> None:
         "the stack the certificate names; with some, the stack they give); else exit 1, one "
         "line per reason (default: run the suites)",
     )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show pytest's whole output (each failure's traceback) as the suites run (default: "
+        "a progress line and the verdict; pytest's output goes to pytest.log in the report "
+        "folder either way)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -119,7 +129,9 @@ def run(args: argparse.Namespace) -> int:
             )
         extra = ["--tim-rl-smoke", *pytest_args(vars(args))] if args.rl_smoke else []
         try:
-            code = _run_suites(spec, _suite_paths(suites, args.suite), out, seed, extra)
+            code = _run_suites(
+                spec, _suite_paths(suites, args.suite), out, seed, extra, verbose=args.verbose
+            )
         except KeyboardInterrupt:
             # taken as pytest started (importing it, reading its configuration): the plugin
             # reports an interrupt only from its session on
@@ -128,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     if report is None:
         taken = signals[-1] if signals else "Ctrl-C"
         return _interrupted_before_suites(spec, out, seed, taken, "startup")
-    return _conclude(report, out, _stack_args(spec))
+    return _conclude(report, out, _stack_args(spec), shown=args.verbose)
 
 
 #: what a certify cut short before its suites was doing, and what to do about it
@@ -197,10 +209,17 @@ def _suite_paths(folder: Path, names: list[str]) -> list[Path]:
     return [folder / f"test_{n}.py" for n in dict.fromkeys(names)]
 
 
-def _run_suites(spec: Any, suites: list[Path], out: Path, seed: int, extra: list[str]) -> int:
+#: pytest's whole output in the report folder (tracebacks, Hypothesis's falsifying examples)
+PYTEST_LOG = "pytest.log"
+
+
+def _run_suites(
+    spec: Any, suites: list[Path], out: Path, seed: int, extra: list[str], *, verbose: bool
+) -> int:
     """pytest's exit code for the suites run on ``spec``, reporting into ``out``. The plugin
     takes ``spec`` as it is (:class:`~conformance.plugin.PreparedStack`): built and
-    preflighted once, here."""
+    preflighted once, here. pytest's output goes to ``out``/:data:`PYTEST_LOG`, and with
+    ``verbose`` to the terminal too; without, the terminal gets one progress line."""
     import pytest
 
     from conformance.plugin import PreparedStack
@@ -215,6 +234,10 @@ def _run_suites(spec: Any, suites: list[Path], out: Path, seed: int, extra: list
         "-q",
         "-p",
         "no:cacheprovider",
+        # no benchmark here: pytest-benchmark, where installed, would leave .benchmarks/ in
+        # the user's folder
+        "-p",
+        "no:benchmark",
         # certify imported the harness (and torch, transformers) before pytest started, so
         # pytest cannot rewrite the asserts of the plugins installed with them (the harness
         # itself, from a wheel); the suites' own asserts are rewritten all the same
@@ -222,8 +245,96 @@ def _run_suites(spec: Any, suites: list[Path], out: Path, seed: int, extra: list
         "ignore::pytest.PytestAssertRewriteWarning",
         f"--rootdir={folder.parent}",
     ]
-    print(f"tim-conformance: certifying {spec.engine} vs {spec.backend} -> {out}", flush=True)
-    return int(pytest.main(args, plugins=[PreparedStack(spec, _command())]))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot create the report folder {out}: {exc.strerror}", "pass --out a writable folder"
+        ) from None
+    log = out / PYTEST_LOG
+    print(
+        f"tim-conformance: certifying {spec.engine} vs {spec.backend} -> {out} (pytest's "
+        f"output: {log})",
+        flush=True,
+    )
+    plugins: list[Any] = [PreparedStack(spec, _command())]
+    with _output_to(log, echo=verbose) as terminal:
+        if not verbose:
+            plugins.append(_Progress(terminal))
+        code = int(pytest.main(args, plugins=plugins))
+    return code
+
+
+@contextmanager
+def _output_to(log: Path, *, echo: bool) -> Iterator[Callable[[str], None]]:
+    """File descriptors 1 and 2 — pytest's output, and whatever the engines and their servers
+    print — into ``log``, and with ``echo`` to the terminal as well; yields a writer to the
+    terminal."""
+    import os
+    import threading
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    terminal, errors = os.dup(1), os.dup(2)
+    with log.open("wb") as file:
+        copier = None
+        if echo:
+            read, write = os.pipe()
+
+            def copy() -> None:
+                while chunk := os.read(read, 1 << 16):
+                    file.write(chunk)
+                    file.flush()
+                    os.write(terminal, chunk)
+
+            copier = threading.Thread(target=copy, daemon=True)
+            copier.start()
+            target = write
+        else:
+            target = file.fileno()
+        os.dup2(target, 1)
+        os.dup2(target, 2)
+
+        def say(text: str) -> None:
+            os.write(terminal, text.encode())
+
+        try:
+            yield say
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(terminal, 1)
+            os.dup2(errors, 2)
+            if copier is not None:
+                os.close(write)
+                # a server the run started that still holds the pipe must not hold certify
+                copier.join(timeout=10)
+                os.close(read)
+            os.close(terminal)
+            os.close(errors)
+
+
+class _Progress:
+    """pytest plugin: one character per test on the terminal as it ends (pytest's own ``-q``
+    marks: ``.`` pass, ``F`` fail, ``E`` error, ``s`` skip), on one line."""
+
+    MARKS: ClassVar[dict[str, str]] = {"passed": ".", "failed": "F", "skipped": "s"}
+
+    def __init__(self, write: Callable[[str], None]) -> None:
+        self.write = write
+        self.started = False
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        if report.when == "call" or not report.passed:
+            if not self.started:
+                self.write("tim-conformance: running ")
+                self.started = True
+            failed_outside = report.failed and report.when != "call"
+            self.write("E" if failed_outside else self.MARKS[report.outcome])
+
+    def pytest_sessionfinish(self) -> None:
+        if self.started:
+            self.write("\n")
 
 
 def _suites_report(out: Path, code: int | None) -> dict[str, Any] | None:
@@ -235,19 +346,41 @@ def _suites_report(out: Path, code: int | None) -> dict[str, Any] | None:
     if code is None or (code == pytest.ExitCode.INTERRUPTED and not report_path.is_file()):
         return None
     if not report_path.is_file():
+        log = out / PYTEST_LOG
+        said = _last_line(log)
         raise UsageError(
-            f"the suites did not run (pytest exit {code})", "see the pytest output above"
+            f"the suites did not run (pytest exit {code}{': ' + said if said else ''})",
+            f"see {log}",
         )
     return json.loads(report_path.read_text())
 
 
-def _conclude(report: dict[str, Any], out: Path, stack_args: list[str]) -> int:
+def _last_line(path: Path) -> str:
+    """The last non-blank line of ``path`` (pytest's own error, where it stopped); ``""``
+    where there is none."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((line.strip() for line in reversed(lines) if line.strip()), "")
+
+
+def _conclude(
+    report: dict[str, Any], out: Path, stack_args: list[str], *, shown: bool = False
+) -> int:
+    """Write the certificate and say the verdict: its table (unless pytest's output, on the
+    terminal, ``shown`` it), then one line; the exit code."""
     from conformance.certificate import write_certificate
+    from conformance.report.schema import as_report
+    from conformance.summary import verdict_lines
 
     certificate = write_certificate(
         out / "report.json", out / "certificate.json", stack_args=stack_args
     )
     verdict = report["verdict"]
+    if not shown:
+        for line in verdict_lines(as_report(report), out):
+            print(line)
     print(f"tim-conformance: report {out / 'report.html'}, certificate {out / 'certificate.json'}")
     if verdict == "incomplete":
         raise EngineCrashed(

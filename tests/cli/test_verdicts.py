@@ -6,6 +6,7 @@ cannot finish is ``incomplete`` (exit 2) and still leaves its report."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from support.certify_runs import (
     certify_interrupted,
     failed_checks,
 )
+from support.engines import SlidingWindowBug
 
 from conformance.depth import DEPTHS
 from conformance.metric_table import METRIC_NAMES, metric
@@ -152,6 +154,27 @@ def test_a_mismatch_that_is_not_processed_logprobs_is_not_called_processed(
     assert code == 1, output[-3000:]
     messages = [c["message"] for c in failed_checks(report)]
     assert messages and not any("PROCESSED" in m for m in messages), messages
+
+
+@pytest.mark.slow
+def test_a_window_defect_past_position_256_is_not_called_processed_logprobs(tmp_path, cli_env):
+    """SlidingWindowBug's bf16 log-probs are right up to position 256 and wrong past it. Near the
+    processed values by chance at a token or two, they once read as PROCESSED; the whole stack
+    is NOT CERTIFIED and no failure names that cause, and the logprob check says where its
+    log-probs start to differ."""
+    code, report, output = certify(
+        "--engine", ENGINES + "SlidingWindowBug", "--engine-dtype", "bfloat16",
+        *VARIANT_EXAMPLES, env=cli_env, out=tmp_path / "run",
+    )  # fmt: skip
+    assert code == 1, output[-3000:]
+    failed = failed_checks(report)
+    messages = [c["message"] for c in failed]
+    assert messages and not any("PROCESSED" in m for m in messages), messages
+    assert {c["suite"] for c in failed} >= {"prefill_parity", "rollout_parity"}, messages
+    # positions, counting the prompt, where a check says its log-probs start to differ: all
+    # past the window
+    starts = [int(m) for m in re.findall(r"distribution from position (\d+) on", str(messages))]
+    assert all(start > SlidingWindowBug.WINDOW for start in starts), messages
 
 
 @pytest.mark.slow

@@ -158,6 +158,53 @@ class TokenNoise(HFGenerateEngine):
         )
 
 
+def _windowed_attention(window: int) -> Any:
+    """SDPA attention that drops every key more than ``window`` positions behind its query,
+    for a model that has no sliding window (the window bugs of transformers#39408 and
+    vllm#3385: a window applied to a model whose config has none)."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def forward(
+        module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any
+    ) -> Any:
+        q_len, kv_len = query.shape[-2], key.shape[-2]
+        # the cache holds every earlier position (left padding only shifts both ends alike)
+        at = torch.arange(kv_len - q_len, kv_len, device=query.device)[:, None]
+        keys = torch.arange(kv_len, device=query.device)[None, :]
+        allowed = ((keys <= at) & (at - keys <= window))[None, None]
+        if attention_mask is not None:
+            given = attention_mask[..., :kv_len]
+            given = given if given.dtype == torch.bool else given == 0
+            # a padding position's query keeps the mask's own row: a row with no key left
+            # would give NaN, which padding's zero weights carry into later layers
+            windowed = allowed & given
+            allowed = torch.where(windowed.any(-1, keepdim=True), windowed, given)
+        kwargs.pop("is_causal", None)
+        return sdpa_attention_forward(module, query, key, value, allowed, is_causal=False, **kwargs)
+
+    return forward
+
+
+class SlidingWindowBug(HFGenerateEngine):
+    """Attention that drops every key more than 256 positions back, in rollouts and scoring
+    alike, on a model with full attention: exact up to position 256, wrong past it."""
+
+    name = "sliding-window-bug"
+    WINDOW = 256
+
+    def __init__(self, config: EngineConfig) -> None:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+        super().__init__(config)
+        implementation = f"tim-window-{self.WINDOW}"
+        AttentionInterface.register(implementation, _windowed_attention(self.WINDOW))
+        # SDPA's padding mask: without a mask function of its own, transformers passes none
+        ALL_MASK_ATTENTION_FUNCTIONS.register(implementation, sdpa_mask)
+        self._model.set_attn_implementation(implementation)
+
+
 class NoOpWeightSync(HFGenerateEngine):
     """Accepts new weights and silently keeps the old ones (TRL with vLLM sleep mode once
     left weights unsynced)."""
