@@ -529,18 +529,15 @@ def _pool(check: Check) -> str:
 
 def _drawn(check: Check) -> str:
     """What a check measured over: its pool, else the tokens a property drew (noted as
-    ``…_tokens``: a sampler's draws), else nothing."""
+    ``<property>_tokens`` beside its statistic: ``sampler_tokens`` beside ``sampler_p_value``,
+    before other counts such as the support audit's), else its examples."""
     if check.tokens:
         return _pool(check)
-    drawn = next(
-        (
-            f"{int(v)} tokens drawn ({k})"
-            for k, v in check.metrics.items()
-            if k.endswith("_tokens") and k not in BY_NAME
-        ),
-        None,
-    )
-    return drawn or (f"{check.examples_run} examples" if check.examples_run else "")
+    counts = [k for k in check.metrics if k.endswith("_tokens") and k not in BY_NAME]
+    counts.sort(key=lambda k: not any(m.startswith(k[: -len("tokens")]) for m in check.held()))
+    if counts:
+        return f"{int(check.metrics[counts[0]])} tokens drawn ({counts[0]})"
+    return f"{check.examples_run} examples" if check.examples_run else ""
 
 
 def reproducer(case: Mapping[str, Any]) -> Markup:
