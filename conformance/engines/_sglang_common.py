@@ -76,59 +76,46 @@ RELEASES = ReleaseRange("sglang", min="0.5.22", max_tested="0.5.23")
 
 #: the engines' parallel setting (see ``conformance.parallel``)
 PARALLEL = ParallelSetting(option="tp_size", label="tp_size")
-#: SGLang keeps top-p's nucleus of the whole sorted distribution and intersects it with the top
-#: k (its torch sampler cuts at the cumulative sum of all probabilities, its FlashInfer path asks
-#: for ``filter_apply_order="joint"``): its support is that, not the stated sampler's. Measured
-#: on its CPU engine: 169 of 2,048 tokens at T 1.3, top-k 20, top-p 0.9 lay outside the stated
-#: support, none outside the joint one's
-SAMPLER_ORDER = SamplerOrder.JOINT
-
-#: what the knob suite varies (``conformance.knobs``: two variant engines hold these values)
-KNOBS: dict[str, Knob] = {
-    "disable_radix_cache": Knob(("false", "true")),
-    "chunked_prefill_size": Knob(("16", "64")),
-    "max_running_requests": Knob(("1", "4")),
-}
-
 #: the option bounding the KV cache, already in tokens (``EngineCapabilities.kv_budget_option``)
 KV_BUDGET_OPTION = "max_total_tokens"
-
-#: SGLang admits the requests that arrive together while their prompts and their whole
-#: ``max_new_tokens`` (clipped at ``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``, 4096) fit the free
-#: cache, and admits no more until one finishes (``PrefillAdder``, 0.5.23): one batch sent at
-#: once never outgrows its cache, and SGLang never retracts. Estimating 16 tokens to come, it
-#: admits as a busy server does, whose running requests are charged a decayed fraction of
-#: theirs, and retracts (measured: 3 retractions on the preemption suite's batch)
-KV_BUDGET_REQUIRES: dict[str, str] = {"clip_max_new_tokens_estimation": "16"}
-#: the environment variable SGLang reads that estimate from, and the user's own value
+#: the environment variable SGLang reads its admission estimate from (``kv_budget_requires``
+#: below), and the user's own value
 CLIP_ESTIMATION = "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION"
 _USER_CLIP = os.environ.get(CLIP_ESTIMATION)
 
-#: the option value that keeps the radix (prefix) cache on (SGLang's default)
-PREFIX_CACHE: dict[str, str] = {"disable_radix_cache": "false"}
-
-#: the option value under which SGLang matches stop strings (they need the text)
-STOP_STRINGS: dict[str, str] = {"tokenizer": "true"}
-
-#: why the completions carry no MoE routes (measured, docs/moe-engines.md); the adapters do not ask
-NO_ROUTES = (
-    "SGLang-CPU 0.5.23 cannot return routed experts: enable_return_routed_experts fails at "
-    "start (its routes buffer is CUDA-pinned host memory: 'Found no NVIDIA driver')"
-)
-
 #: what both adapters declare
 CAPABILITIES = EngineCapabilities(
-    knobs=KNOBS,
+    # what the knob suite varies (``conformance.knobs``: two variant engines hold these values)
+    knobs={
+        "disable_radix_cache": Knob(("false", "true")),
+        "chunked_prefill_size": Knob(("16", "64")),
+        "max_running_requests": Knob(("1", "4")),
+    },
     parallel=PARALLEL,
     releases=RELEASES,
-    prefix_cache=PREFIX_CACHE,
-    stop_strings=STOP_STRINGS,
-    no_routes=NO_ROUTES,
+    # the radix (prefix) cache on: SGLang's default
+    prefix_cache={"disable_radix_cache": "false"},
+    # stop strings need the text, so the tokenizer
+    stop_strings={"tokenizer": "true"},
+    # measured (docs/moe-engines.md); the adapters do not ask
+    no_routes="SGLang-CPU 0.5.23 cannot return routed experts: enable_return_routed_experts "
+    "fails at start (its routes buffer is CUDA-pinned host memory: 'Found no NVIDIA driver')",
     parallel_sampling=True,
-    sampler_order=SAMPLER_ORDER,
+    # SGLang keeps top-p's nucleus of the whole sorted distribution and intersects it with the
+    # top k (its torch sampler cuts at the cumulative sum of all probabilities, its FlashInfer
+    # path asks for ``filter_apply_order="joint"``): its support is that, not the stated
+    # sampler's. Measured on its CPU engine: 169 of 2,048 tokens at T 1.3, top-k 20, top-p 0.9
+    # lay outside the stated support, none outside the joint one's
+    sampler_order=SamplerOrder.JOINT,
     min_p=True,
     kv_budget_option=KV_BUDGET_OPTION,
-    kv_budget_requires=KV_BUDGET_REQUIRES,
+    # SGLang admits the requests that arrive together while their prompts and their whole
+    # ``max_new_tokens`` (clipped at ``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``, 4096) fit the
+    # free cache, and admits no more until one finishes (``PrefillAdder``, 0.5.23): one batch
+    # sent at once never outgrows its cache, and SGLang never retracts. Estimating 16 tokens to
+    # come, it admits as a busy server does, whose running requests are charged a decayed
+    # fraction of theirs, and retracts (measured: 3 retractions on the preemption suite's batch)
+    kv_budget_requires={"clip_max_new_tokens_estimation": "16"},
     mixed_requests=True,
 )
 

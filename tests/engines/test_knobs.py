@@ -15,13 +15,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.engines import Knob
-from conformance.engines._sglang_common import KNOBS as SGLANG_KNOBS
-from conformance.engines._vllm_common import KNOBS as VLLM_KNOBS
+from conformance.engines import Knob, _sglang_common, _vllm_common
 from conformance.errors import UsageError
 from conformance.knobs import MAX_VARIANTS, cover, smallest_failing, with_requirements
 
 REPO = Path(__file__).resolve().parents[2]
+VLLM_KNOBS = _vllm_common.CAPABILITIES.knobs
+SGLANG_KNOBS = _sglang_common.CAPABILITIES.knobs
 
 values = st.lists(st.sampled_from("abcd"), min_size=1, max_size=MAX_VARIANTS, unique=True)
 knob_tables = st.dictionaries(st.sampled_from(["k1", "k2", "k3", "k4", "k5"]), values, min_size=1)
