@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 #: the transformers releases the ``hf-generate`` engine and the ``hf``/``fsdp`` backends were
 #: measured on (docs/engine-versions.md)
-TRANSFORMERS_RELEASES = ReleaseRange("transformers", min="5.17.0", max_tested="5.24.0")
+TRANSFORMERS_RELEASES = ReleaseRange("transformers", min="5.17.0", max_tested="5.25.0")
 
 
 #: the attention implementation transformers picks for the model itself: SDPA where the model
