@@ -23,13 +23,22 @@ _COARSENESS = ("bfloat16", "float16", "float32")
 DTYPE_NAMES = tuple(_ALIASES)
 
 
+def dtype_spellings() -> list[str]:
+    """Each precision with its other accepted spellings, as ``--help`` and a refusal list them.
+
+    >>> dtype_spellings()[1]
+    'bfloat16 (bf16)'
+    """
+    return [f"{name} ({', '.join(spellings[1:])})" for name, spellings in _ALIASES.items()]
+
+
 def canonical_dtype(name: str) -> str:
     """Return ``float32``, ``bfloat16`` or ``float16`` for any accepted spelling."""
     lowered = name.strip().lower()
     for canonical, spellings in _ALIASES.items():
         if lowered in spellings:
             return canonical
-    raise UsageError(f"unknown dtype {name!r}", f"use one of: {', '.join(DTYPE_NAMES)}")
+    raise UsageError(f"unknown dtype {name!r}", f"use one of: {', '.join(dtype_spellings())}")
 
 
 def torch_dtype(name: str) -> torch.dtype:

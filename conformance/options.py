@@ -4,8 +4,9 @@
 
 from __future__ import annotations
 
+import tempfile
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,104 +24,187 @@ def dest(name: str) -> str:
 @dataclass(frozen=True)
 class Option:
     name: str
+    #: what it sets; ``--help`` adds its choices and its default
     help: str
     default: str | None = None
     metavar: str = "VALUE"
     multiple: bool = False
+    #: the default in words where it is not one value (``None``: the default is ``default``)
+    default_help: str | None = None
+    #: the values ``--help`` lists, read when the help is built: a registry's names, so a new
+    #: engine is listed by itself
+    choices: Callable[[], Sequence[str]] | None = None
 
     @property
     def dest(self) -> str:
         return dest(self.name)
 
+    def help_text(self) -> str:
+        """``help``, the choices and the default, as ``--help`` shows them."""
+        choices = f"; one of: {', '.join(self.choices())}" if self.choices else ""
+        return f"{self.help}{choices} (default: {self.default_help or self.default})"
 
-ENGINE = Option("engine", "inference engine under test (default: hf-generate)", "hf-generate", "E")
-BACKEND = Option("backend", "training backend that recomputes logprobs (default: hf)", "hf", "B")
-MODEL = Option(
-    "model", "model folder, or embedded:moe (default: the embedded tiny model)", None, "DIR"
+
+def _engines() -> list[str]:
+    from conformance.engines import ENGINES
+
+    return [*ENGINES.names(), "your own module:Class"]
+
+
+def _backends() -> list[str]:
+    from conformance.backends import BACKENDS
+
+    return [*BACKENDS.names(), "your own module:Class"]
+
+
+def _profiles() -> list[str]:
+    from conformance.profiles import available_profiles
+
+    return [*available_profiles(), "a .toml file"]
+
+
+def _dtypes() -> list[str]:
+    from conformance.dtypes import dtype_spellings
+
+    return dtype_spellings()
+
+
+def _logprob_kinds() -> list[str]:
+    from conformance.engines import LogprobKind
+
+    return [kind.value for kind in LogprobKind]
+
+
+#: the attention implementations a backend may be asked for: transformers' own names (its
+#: ``ALL_ATTENTION_FUNCTIONS`` and ``eager``), listed here since importing transformers to read
+#: them would cost ``--help`` and every refusal seconds
+ATTN_IMPLEMENTATIONS = (
+    "sdpa",
+    "eager",
+    "flash_attention_2",
+    "flash_attention_3",
+    "flex_attention",
 )
-ENGINE_DTYPE = Option("engine-dtype", "engine precision (default: float32)", "float32", "D")
-BACKEND_DTYPE = Option("backend-dtype", "backend precision (default: float32)", "float32", "D")
+
+ENGINE = Option("engine", "inference engine under test", "hf-generate", "E", choices=_engines)
+BACKEND = Option(
+    "backend", "training backend that recomputes logprobs", "hf", "B", choices=_backends
+)
+MODEL = Option(
+    "model",
+    "model folder, or embedded:moe",
+    None,
+    "DIR",
+    default_help="the embedded tiny model",
+)
+ENGINE_DTYPE = Option("engine-dtype", "engine precision", "float32", "D", choices=_dtypes)
+BACKEND_DTYPE = Option("backend-dtype", "backend precision", "float32", "D", choices=_dtypes)
 PROFILE = Option(
     "profile",
-    "tolerance profile name or TOML path (default: implied by the dtypes; on a model or device "
-    "the shipped ones were not calibrated on, the model's own, calibrated first and cached)",
+    "tolerance profile",
     None,
     "P",
+    default_help="implied by the dtypes; on a model or device the shipped ones were not "
+    "calibrated on, the model's own, calibrated first and cached",
+    choices=_profiles,
 )
-EXAMPLES = Option("examples", "Hypothesis examples per property (default: 20)", "20", "N")
+EXAMPLES = Option("examples", "Hypothesis examples per property", "20", "N")
 DEPTH = Option(
     "depth",
-    "how far the property search reaches: "
-    + "; ".join(d.describe() for d in DEPTHS.values())
-    + " (default: quick)",
+    "how far the property search reaches: " + "; ".join(d.describe() for d in DEPTHS.values()),
     "quick",
     "NAME",
+    choices=lambda: tuple(DEPTHS),
 )
 MAX_PROMPT_LEN = Option(
     "max-prompt-len",
     "the run's longest prompt: overrides the depth's (every property reaches it once)",
     None,
     "N",
+    default_help="the depth's",
 )
 MAX_NEW_TOKENS = Option(
     "max-new-tokens",
     "the run's longest rollout: overrides the depth's (every property reaches it once)",
     None,
     "N",
+    default_help="the depth's",
 )
 MAX_BATCH = Option(
-    "max-batch", "the run's rollout batch (sequences): overrides the depth's", None, "N"
+    "max-batch",
+    "the run's rollout batch (sequences): overrides the depth's",
+    None,
+    "N",
+    default_help="the depth's",
 )
 GROUP_SIZE = Option(
     "group-size",
     "the run's GRPO group size (samples per prompt): grouped batches reach it",
     None,
     "N",
+    default_help="the depth's",
 )
 MAX_BATCH_TOKENS = Option(
     "max-batch-tokens",
     "tokens one drawn batch holds, sequences x (longest prompt + new tokens): overrides the "
-    "depth's, and on a CPU the smaller budget a costly model gets",
+    "depth's",
     None,
     "N",
+    default_help="the depth's, and on a CPU the smaller budget a costly model gets",
 )
 #: the options that give a run's own shape in place of the depth's limits
 RUN_SHAPE_OPTIONS = (MAX_PROMPT_LEN, MAX_NEW_TOKENS, MAX_BATCH, GROUP_SIZE, MAX_BATCH_TOKENS)
 SHRINK_SECONDS = Option(
     "shrink-seconds",
     "seconds Hypothesis may spend shrinking a failure to a minimal case; past them the report "
-    "says the case was not fully shrunk (default: 60)",
+    "says the case was not fully shrunk",
     "60",
     "S",
 )
 LOGPROBS = Option(
-    "logprobs", "which logprobs the engine is asked for: raw or processed (default: raw)", "raw"
+    "logprobs", "which logprobs the engine is asked for", "raw", choices=_logprob_kinds
 )
 ENGINE_OPTION = Option(
-    "engine-option", "engine-specific setting, repeatable", None, "KEY=VALUE", multiple=True
+    "engine-option",
+    "engine-specific setting, repeatable",
+    None,
+    "KEY=VALUE",
+    multiple=True,
+    default_help="the engine's own",
 )
-ENGINE_URL = Option("engine-url", "attach to an engine server already running there", None, "URL")
-BACKEND_MICRO_BATCH = Option(
-    "backend-micro-batch", "backend micro-batch size (default: 8)", "8", "N"
+ENGINE_URL = Option(
+    "engine-url",
+    "attach to an engine server already running there (http://HOST:PORT)",
+    None,
+    "URL",
+    default_help="the engine starts its own",
 )
+BACKEND_MICRO_BATCH = Option("backend-micro-batch", "backend micro-batch size", "8", "N")
 BACKEND_ATTN = Option(
-    "backend-attn", "backend attention implementation: sdpa or eager (default: sdpa)", "sdpa"
+    "backend-attn",
+    "backend attention implementation",
+    "sdpa",
+    choices=lambda: ATTN_IMPLEMENTATIONS,
 )
 BACKEND_OPTION = Option(
-    "backend-option", "backend-specific setting, repeatable", None, "KEY=VALUE", multiple=True
+    "backend-option",
+    "backend-specific setting, repeatable",
+    None,
+    "KEY=VALUE",
+    multiple=True,
+    default_help="the backend's own",
 )
 CALL_TIMEOUT = Option(
     "call-timeout",
     "seconds one engine or backend call may take; a call that overruns ends the run "
-    "incomplete as hung (default: 600)",
+    "incomplete as hung",
     "600",
     "S",
 )
 
 START_TIMEOUT = Option(
     "start-timeout",
-    "seconds an engine or backend may take to start; past them the run ends incomplete "
-    "(default: 900)",
+    "seconds an engine or backend may take to start; past them the run ends incomplete",
     "900",
     "S",
 )
@@ -159,7 +243,7 @@ def add_stack_options(addoption: Callable[..., Any], *, prefix: str) -> None:
             action="append" if option.multiple else "store",
             default=None,
             metavar=option.metavar,
-            help=option.help,
+            help=option.help_text(),
         )
 
 
@@ -207,3 +291,29 @@ def parse_key_values(pairs: list[str], *, what: str = "engine option") -> dict[s
             raise UsageError(f"{what} {pair!r} is not KEY=VALUE", "write e.g. max_num_seqs=4")
         parsed[key.strip()] = value.strip()
     return parsed
+
+
+def check_output_folder(path: Path, flag: str = "--out") -> None:
+    """Refuse, before anything runs, a folder ``flag`` names that cannot be written: an existing
+    file, a path under a file, or one whose nearest existing folder takes no new entry (a
+    read-only mount, /proc, permissions). That is tried, not asked of ``os.access`` (which says
+    yes to root on permissions, and knows nothing of /proc): a probe folder made there and
+    removed at once, so nothing is left behind, ``path`` itself not created."""
+    fix = f"pass {flag} a new or existing folder you can write"
+    existing = path
+    try:
+        while not existing.exists():
+            existing = existing.parent
+        is_dir = existing.is_dir()
+    except OSError as exc:
+        raise UsageError(f"{flag} {path} cannot be looked up ({exc.strerror})", fix) from None
+    if not is_dir:
+        where = "is a file" if existing == path else f"is under {existing}, a file"
+        raise UsageError(f"{flag} {path} {where}, not a folder", fix)
+    try:
+        tempfile.TemporaryDirectory(dir=existing, prefix=".tim-write-probe-").cleanup()
+    except OSError as exc:
+        raise UsageError(
+            f"{flag} {path} cannot be written: {existing} takes no new folder ({exc.strerror})",
+            fix,
+        ) from None

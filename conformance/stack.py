@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
-from collections.abc import Mapping
+import urllib.parse
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +21,12 @@ from conformance.dtypes import canonical_dtype, implied_profile
 from conformance.engines import EngineConfig, LogprobKind
 from conformance.errors import UsageError
 from conformance.host import device_info, package_versions
-from conformance.options import MAX_BATCH_TOKENS, RUN_SHAPE_OPTIONS, parse_key_values
+from conformance.options import (
+    ATTN_IMPLEMENTATIONS,
+    MAX_BATCH_TOKENS,
+    RUN_SHAPE_OPTIONS,
+    parse_key_values,
+)
 
 if TYPE_CHECKING:
     from conformance.models import ModelInfo
@@ -92,7 +99,7 @@ class StackSpec:
         backend_dtype = canonical_dtype(values["backend-dtype"])
         options = parse_key_values(values["engine-option"])
         if values["engine-url"]:
-            options["url"] = values["engine-url"]
+            options["url"] = _server_url(values["engine-url"])
         try:
             logprobs = LogprobKind(values["logprobs"])
         except ValueError:
@@ -123,7 +130,7 @@ class StackSpec:
             logprobs=logprobs,
             engine_options=options,
             backend_micro_batch=_positive_int("backend-micro-batch", values["backend-micro-batch"]),
-            backend_attn=values["backend-attn"],
+            backend_attn=_one_of("backend-attn", values["backend-attn"], ATTN_IMPLEMENTATIONS),
             backend_options=parse_key_values(values["backend-option"], what="backend option"),
             call_timeout=_positive_number("call-timeout", values["call-timeout"]),
             start_timeout=_positive_number("start-timeout", values["start-timeout"]),
@@ -144,7 +151,10 @@ class StackSpec:
         engine, backend = ENGINES.get(self.engine), BACKENDS.get(self.backend)
         engine.check_options(self.engine_options)
         backend.check_options(self.backend_options)
-        # one line for both, before the model is built or anything starts
+        model = inspect_model(self.model_dir())
+        self._check_run_shape(model.max_position_embeddings)
+        # one line for both, once every input passed, before the model is built or anything
+        # starts
         releases.warn(
             releases.check_stack(
                 {
@@ -153,8 +163,6 @@ class StackSpec:
                 }
             )
         )
-        model = inspect_model(self.model_dir())
-        self._check_run_shape(model.max_position_embeddings)
         device = device_info()
         spec = self.within_cost(model, device)
         if spec.depth != self.depth:
@@ -309,9 +317,32 @@ def _positive_number(name: str, value: Any) -> float:
         number = float(value)
     except (TypeError, ValueError):
         number = 0.0
-    if not number > 0:
+    if not (number > 0 and math.isfinite(number)):
         raise UsageError(f"--{name} {value!r} is not a positive number", f"pass e.g. --{name} 600")
     return number
+
+
+def _one_of(name: str, value: str, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise UsageError(
+            f"--{name} {value!r} is not one of its choices", f"use {', '.join(choices)}"
+        )
+    return value
+
+
+def _server_url(value: str) -> str:
+    """An ``--engine-url``: http(s)://HOST[:PORT][/PATH], where a server answers."""
+    parts = urllib.parse.urlsplit(value)
+    try:
+        parts.port  # noqa: B018 — reading it is what checks it
+    except ValueError:
+        parts = parts._replace(netloc="")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(
+            f"--engine-url {value!r} is not an http(s) URL",
+            "pass e.g. --engine-url http://localhost:8000",
+        )
+    return value
 
 
 def numerics_env() -> dict[str, str]:

@@ -21,7 +21,7 @@ device is not the one it was measured on.
 
 
 def add_parser(subparsers: Any) -> None:
-    from conformance.dtypes import DTYPE_NAMES
+    from conformance.dtypes import dtype_spellings
     from conformance.profiles.calibrate import DEPTH_BATCHES
 
     parser = subparsers.add_parser(
@@ -45,20 +45,22 @@ def add_parser(subparsers: Any) -> None:
         "--engine-dtype",
         default="float32",
         metavar="DTYPE",
-        help=f"one of {', '.join(DTYPE_NAMES)} (default: %(default)s)",
+        help=f"one of {', '.join(dtype_spellings())} (default: %(default)s)",
     )
     parser.add_argument(
         "--backend-dtype",
         action="append",
         default=[],
         metavar="DTYPE",
-        help="repeatable; default: float32, and the engine's precision where it is lower",
+        help="trainer precision, repeatable (default: float32, and the engine's precision "
+        "where it is lower)",
     )
     parser.add_argument(
         "--depth",
         choices=tuple(DEPTH_BATCHES),
         default="quick",
-        help="the batches measured, 2 sampling seeds each (match certify's --depth): "
+        help="the batches measured, 2 sampling seeds each (match certify's --depth; default: "
+        "%(default)s): "
         + "; ".join(
             f"{name}: {', '.join(f'{p} x ({n} + {k})' for p, n, k in batches)} tokens"
             for name, batches in DEPTH_BATCHES.items()
@@ -73,14 +75,15 @@ def add_parser(subparsers: Any) -> None:
             f"--{name}",
             type=int,
             metavar="N",
-            help=f"cap the depth's batches' {what} at a run's own (match certify's --{name})",
+            help=f"cap the depth's batches' {what} at a run's own (match certify's --{name}; "
+            "default: the depth's)",
         )
     parser.add_argument(
         "--max-batch-tokens",
         type=int,
         metavar="N",
         help="measure a batch of more tokens as the two certify draws in its place (match "
-        "the budget certify prints, e.g. a costly model's on a CPU)",
+        "the budget certify prints, e.g. a costly model's on a CPU; default: the depth's)",
     )
     parser.add_argument("--out", type=Path, required=True, help="the profile .toml to write")
     parser.set_defaults(func=run)

@@ -15,7 +15,13 @@ from typing import Any, ClassVar
 from conformance import env, releases
 from conformance.errors import EngineCrashed, UsageError
 from conformance.guard import sigterm_as_interrupt
-from conformance.options import STACK_OPTIONS, add_stack_options, pyproject_table, resolve
+from conformance.options import (
+    STACK_OPTIONS,
+    add_stack_options,
+    check_output_folder,
+    pyproject_table,
+    resolve,
+)
 from conformance.rl.options import add_training_options, pytest_args, training_values
 from conformance.suites_location import suites_folder
 
@@ -54,12 +60,17 @@ def add_parser(subparsers: Any) -> None:
         "--seed", type=int, default=None, help=f"Hypothesis seed (default: {DEFAULT_SEED})"
     )
     parser.add_argument(
-        "--out", type=Path, default=None, help="report folder (default: reports/<timestamp>/)"
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="report folder, new or existing (default: reports/<timestamp>/)",
     )
     parser.add_argument(
         "--suites",
         type=Path,
         default=None,
+        metavar="DIR",
         help="suites folder (default: the suites installed with tim-conformance)",
     )
     parser.add_argument(
@@ -68,12 +79,13 @@ def add_parser(subparsers: Any) -> None:
         default=[],
         metavar="NAME",
         help="run only this suite (e.g. rollout_parity; repeatable): for chasing one failure, "
-        "not for a certificate of the whole stack",
+        "not for a certificate of the whole stack (default: every suite)",
     )
     parser.add_argument(
         "--rl-smoke",
         action="store_true",
-        help="also run a short RL smoke run on a copy of the stack (a few minutes)",
+        help="also run a short RL smoke run on a copy of the stack (a few minutes), under the "
+        "training options below",
     )
     add_training_options(parser.add_argument, prefix="")  # the --rl-smoke run's training regime
     parser.add_argument(
@@ -111,27 +123,16 @@ def run(args: argparse.Namespace) -> int:
     seed = DEFAULT_SEED if args.seed is None else args.seed
     if args.check is not None:
         return _check(spec, args.check)
+    suites = _run_inputs(args, out)
     with sigterm_as_interrupt() as signals:
         try:
             # may calibrate the model's own profile first: minutes, where a run gets cut short
             spec = spec.preflight()
         except KeyboardInterrupt as exc:
             return _interrupted_before_suites(spec, out, seed, str(exc) or "Ctrl-C", "preflight")
-        suites = args.suites or suites_folder()
-        if not suites.is_dir():
-            raise UsageError(
-                f"suites folder {suites} not found",
-                "pass --suites an existing folder, or leave it out to run the installed suites",
-            )
-        if training_values(vars(args)) and not args.rl_smoke:
-            raise UsageError(
-                "RL training options without --rl-smoke", "add --rl-smoke or drop them"
-            )
         extra = ["--tim-rl-smoke", *pytest_args(vars(args))] if args.rl_smoke else []
         try:
-            code = _run_suites(
-                spec, _suite_paths(suites, args.suite), out, seed, extra, verbose=args.verbose
-            )
+            code = _run_suites(spec, suites, out, seed, extra, verbose=args.verbose)
         except KeyboardInterrupt:
             # taken as pytest started (importing it, reading its configuration): the plugin
             # reports an interrupt only from its session on
@@ -141,6 +142,22 @@ def run(args: argparse.Namespace) -> int:
         taken = signals[-1] if signals else "Ctrl-C"
         return _interrupted_before_suites(spec, out, seed, taken, "startup")
     return _conclude(report, out, _stack_args(spec), shown=args.verbose)
+
+
+def _run_inputs(args: argparse.Namespace, out: Path) -> list[Path]:
+    """The suite files a run will run, once the inputs only a run reads passed (the report
+    folder, the suites, the RL options), each one line before anything starts: a calibration
+    or an engine start is not spent on a run that would stop at them."""
+    check_output_folder(out)
+    suites = args.suites or suites_folder()
+    if not suites.is_dir():
+        raise UsageError(
+            f"suites folder {suites} not found",
+            "pass --suites an existing folder, or leave it out to run the installed suites",
+        )
+    if training_values(vars(args)) and not args.rl_smoke:
+        raise UsageError("RL training options without --rl-smoke", "add --rl-smoke or drop them")
+    return _suite_paths(suites, args.suite)
 
 
 #: what a certify cut short before its suites was doing, and what to do about it

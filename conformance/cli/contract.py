@@ -29,11 +29,23 @@ def add_parser(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--engine", required=True, metavar="E", help="engine or module:Class")
-    parser.add_argument("--model", type=Path, default=None, metavar="DIR", help="model folder")
     parser.add_argument(
-        "--engine-option", action="append", default=[], metavar="KEY=VALUE", help="repeatable"
+        "--model",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="model folder (default: the embedded tiny model)",
     )
-    parser.add_argument("-k", default=None, metavar="EXPR", help="only checks matching EXPR")
+    parser.add_argument(
+        "--engine-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="engine-specific setting, repeatable (default: the engine's own)",
+    )
+    parser.add_argument(
+        "-k", default=None, metavar="EXPR", help="only checks matching EXPR (default: every check)"
+    )
     parser.set_defaults(func=run)
 
 

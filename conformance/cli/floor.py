@@ -22,19 +22,29 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--dtype", required=True, help="the low precision: bf16 or fp16")
-    parser.add_argument("--vocab", type=int, default=2048, help="vocabulary size (Table 2: 2048)")
     parser.add_argument(
-        "--logit-std", type=float, default=1.5, help="std S of the fp32 logits (Table 2: 1.5)"
+        "--vocab", type=int, default=2048, help="vocabulary size (default and Table 2: %(default)s)"
     )
     parser.add_argument(
-        "--tokens", type=int, default=50_000, help="tokens to simulate (Table 2: 50000)"
+        "--logit-std",
+        type=float,
+        default=1.5,
+        help="std S of the fp32 logits (default and Table 2: %(default)s)",
     )
-    parser.add_argument("--seed", type=int, default=1234, help="seed (Table 2: 1234 to 1238)")
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        default=50_000,
+        help="tokens to simulate (default and Table 2: %(default)s)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=1234, help="seed (default: %(default)s; Table 2: 1234 to 1238)"
+    )
     parser.add_argument(
         "--chunk-rows",
         type=int,
         default=4096,
-        help="tokens held in memory at once; results do not depend on it (default 4096)",
+        help="tokens held in memory at once; results do not depend on it (default: %(default)s)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run)

@@ -12,6 +12,12 @@ from pathlib import Path
 from conformance.gate import DEFAULT_FACTOR, compare, parse_factors, ratio_note, write_gate_html
 from conformance.report import load_report
 
+EPILOG = """examples:
+  tim-conformance gate reports/base/report.json reports/new/report.json
+  tim-conformance gate base.json new.json --max-regression abs_diff_max=2 --html gate.html
+  tim-conformance gate base.json new.json --profile bf16   # hold the candidate to bf16
+"""
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -20,12 +26,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Compare two report.json files made on the same suites, model, seed and "
         "example count. Fails (exit 1) when the candidate breaks the profile or any metric "
         "regressed beyond its allowed factor; exit 2 when the two are not comparable.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("baseline", type=Path, help="report.json of the accepted stack")
     parser.add_argument("candidate", type=Path, help="report.json of the changed stack")
     parser.add_argument(
         "--profile",
-        help="hold the candidate to this profile (name or TOML path) instead of its own",
+        help="hold the candidate to this profile (name or TOML path) instead of its own "
+        "(default: the candidate's own)",
     )
     parser.add_argument(
         "--max-regression",
@@ -35,7 +44,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help=f"allowed growth of a metric's distance from ideal (default ×{DEFAULT_FACTOR:g}); "
         "repeatable",
     )
-    parser.add_argument("--html", type=Path, metavar="OUT", help="also write an HTML diff report")
+    parser.add_argument(
+        "--html", type=Path, metavar="OUT", help="also write an HTML diff report (default: none)"
+    )
     parser.set_defaults(func=run)
 
 

