@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from conformance import env
-from conformance.options import add_stack_options, resolve
+from conformance.options import add_stack_options, check_output_folder, resolve
 from conformance.profiles import load_profile
 from conformance.rl import grpo
 from conformance.rl.loop import RunConfig, run_smoke, started_stack
@@ -115,6 +115,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     spec = StackSpec.from_options(resolve(vars(args)))
+    check_output_folder(args.out)
     mid_run = args.scenario in ("inject", "lr-jump")
     at = args.at if args.at is not None else (args.steps // 2 if mid_run else 0)
     config = RunConfig(
