@@ -29,7 +29,9 @@ them from one token up (a sound fp32 SmolLM2-135M stack's 3-token rollout read 4
 sequence bound of 1.7e-4, from one token 8.1e-4 off, inside max |Δ log p|'s bound).
 ``[provenance]`` is what ``tim-conformance calibrate`` measured the profile on: the models'
 sha256, the device, the versions, sizes and seeds. Metric names, which side of a threshold is a
-violation and which metrics are pooled come from :mod:`conformance.metric_table`.
+violation and which metrics are pooled come from :mod:`conformance.metric_table`; so does which
+bounds a profile may hold: a bound the metric's own ideal violates (``abs_diff_max = -1``) is
+refused on load, as is an infinite one outside a ``[suites.NAME]`` table.
 """
 
 from __future__ import annotations
