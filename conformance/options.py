@@ -13,6 +13,7 @@ from typing import Any
 
 from conformance.depth import DEPTHS
 from conformance.errors import UsageError
+from conformance.hf_model import AUTO_ATTN
 
 
 def dest(name: str) -> str:
@@ -85,6 +86,9 @@ ATTN_IMPLEMENTATIONS = (
     "flash_attention_3",
     "flex_attention",
 )
+#: what ``--backend-attn`` takes: the model's own implementation (``auto``: SDPA where the model
+#: supports it, else eager), or one of transformers' by name
+ATTN_CHOICES = (AUTO_ATTN, *ATTN_IMPLEMENTATIONS)
 
 ENGINE = Option("engine", "inference engine under test", "hf-generate", "E", choices=_engines)
 BACKEND = Option(
@@ -182,9 +186,10 @@ ENGINE_URL = Option(
 BACKEND_MICRO_BATCH = Option("backend-micro-batch", "backend micro-batch size", "8", "N")
 BACKEND_ATTN = Option(
     "backend-attn",
-    "backend attention implementation",
-    "sdpa",
-    choices=lambda: ATTN_IMPLEMENTATIONS,
+    "backend attention implementation (auto: the one transformers picks for the model, SDPA "
+    "where it supports it, else eager)",
+    AUTO_ATTN,
+    choices=lambda: ATTN_CHOICES,
 )
 BACKEND_OPTION = Option(
     "backend-option",

@@ -58,7 +58,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     add_training_options(group.addoption, prefix=PREFIX)  # the RL smoke suite's training regime
     for option in STACK_OPTIONS:
-        parser.addini(option.dest, option.help)
+        parser.addini(option.dest, option.help_text())
     parser.addini("tim_report", "default for --tim-report")
 
 

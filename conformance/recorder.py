@@ -511,12 +511,15 @@ def _one_example(test: Any) -> Iterator[None]:
 
 def reached_sizes(prompts: Sequence[Sequence[int]], shape: Any, sampling: Any) -> dict[str, int]:
     """The sizes one example drew, by the run-shape limit each is held against: longest prompt,
-    batch, GRPO group (grouped batches only) and rollout length asked for."""
+    batch, GRPO group (grouped batches only) and rollout length asked for; and the longest
+    sequence (prompt and rollout), which says which of the model's features it reached
+    (:mod:`conformance.models.features`)."""
     sizes = {"prompt_len": max(map(len, prompts), default=0), "batch": len(prompts)}
     if getattr(shape, "kind", None) == "grouped":
         sizes["group_size"] = shape.group_size
     if sampling is not None:
         sizes["new_tokens"] = sampling.max_new_tokens
+    sizes["sequence_len"] = sizes["prompt_len"] + sizes.get("new_tokens", 0)
     return sizes
 
 

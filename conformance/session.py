@@ -22,8 +22,10 @@ from conformance.guard import Guarded, start
 from conformance.host import device_info
 from conformance.outcome import FAULT, Outcome, first_line
 from conformance.recorder import CheckRecord, Recorder
+from conformance.report.coverage import feature_coverage, unreached_reason
 from conformance.report.schema import (
     Check,
+    FeatureCoverage,
     ProfileInfo,
     Report,
     Shrink,
@@ -400,7 +402,14 @@ class HarnessSession:
             )
         if "pass" not in statuses:
             return "incomplete", "no check ran"
+        unreached = self.scope == "stack" and [f for f in self._coverage() if not f.reached_by]
+        if unreached:
+            # a certificate speaks for the model's features only where a check exercised them
+            return "fail", unreached_reason(unreached, self.checks)
         return "pass", None
+
+    def _coverage(self) -> list[FeatureCoverage]:
+        return feature_coverage(self.model_info.features, self.checks)
 
     def report(self) -> Report:
         verdict, reason = self.verdict()
@@ -430,6 +439,7 @@ class HarnessSession:
             checks=self.checks,
             timing=self._timing(),
             rl=self.rl,
+            coverage=self._coverage(),
         )
 
     def fix(self) -> str:

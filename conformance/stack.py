@@ -22,7 +22,7 @@ from conformance.engines import EngineConfig, LogprobKind
 from conformance.errors import UsageError
 from conformance.host import device_info, package_versions
 from conformance.options import (
-    ATTN_IMPLEMENTATIONS,
+    ATTN_CHOICES,
     MAX_BATCH_TOKENS,
     RUN_SHAPE_OPTIONS,
     parse_key_values,
@@ -130,7 +130,7 @@ class StackSpec:
             logprobs=logprobs,
             engine_options=options,
             backend_micro_batch=_positive_int("backend-micro-batch", values["backend-micro-batch"]),
-            backend_attn=_one_of("backend-attn", values["backend-attn"], ATTN_IMPLEMENTATIONS),
+            backend_attn=_one_of("backend-attn", values["backend-attn"], ATTN_CHOICES),
             backend_options=parse_key_values(values["backend-option"], what="backend option"),
             call_timeout=_positive_number("call-timeout", values["call-timeout"]),
             start_timeout=_positive_number("start-timeout", values["start-timeout"]),

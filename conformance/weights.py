@@ -20,9 +20,10 @@ def read_weights(model: Path) -> dict[str, torch.Tensor]:
 
     A tensor the model holds under several names (tied input and output embeddings) is one
     tensor under each of them here too, as :func:`perturbed` needs to keep it one."""
-    from conformance.hf_model import load_causal_lm
+    from conformance.hf_model import AUTO_ATTN, load_causal_lm
 
-    lm = load_causal_lm(model, "float32", "sdpa")
+    # the weights are read, never run: any implementation the model loads with will do
+    lm = load_causal_lm(model, "float32", AUTO_ATTN)
     copies: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}
     weights = {}
     for name, tensor in lm.state_dict().items():

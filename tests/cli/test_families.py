@@ -1,0 +1,49 @@
+"""Every architecture family make-model builds certifies as a sound stack (hf-generate vs hf,
+fp32, under the model's own profile, eager-only families included) with each of its features
+reached by some check; a run too short to reach a feature is NOT CERTIFIED for its coverage."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.models import ARCHS, make_model
+from conformance.models.build import ROPE_ORIGINAL_POSITIONS
+from tests.support.certify_runs import VARIANT_EXAMPLES, certify
+
+pytestmark = pytest.mark.families
+
+#: the families with a distinguishing feature (the plain decoders and the first MoE certify in
+#: the other environments)
+FAMILIES = [arch for arch in ARCHS if arch not in ("llama", "qwen2", "qwen3", "qwen3-moe")]
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_a_sound_stack_of_each_family_is_certified_with_its_features_reached(
+    tmp_path, cli_env, arch: str
+) -> None:
+    model = make_model(tmp_path / arch, arch=arch).path
+    code, report, output = certify(
+        "--model", str(model), *VARIANT_EXAMPLES, env=cli_env, out=tmp_path / "run"
+    )
+    assert code == 0, output[-3000:]
+    assert report["verdict"] == "pass" and report["profile"]["name"].startswith("own-")
+    assert report["coverage"], f"{arch} declares no feature"
+    assert all(feature["reached_by"] for feature in report["coverage"]), report["coverage"]
+
+
+def test_a_run_too_short_for_the_scaled_rope_is_not_certified_for_its_coverage(
+    tmp_path, cli_env
+) -> None:
+    model = make_model(tmp_path / "rope", arch="llama-rope-scaled").path
+    # no check's sequences pass the original context (the sampler's 64-token rollouts
+    # included), so the scaled positions are never drawn
+    short = ("--max-prompt-len", "32", "--max-new-tokens", "16")
+    code, report, output = certify(
+        "--model", str(model), *short, *VARIANT_EXAMPLES, env=cli_env, out=tmp_path / "run"
+    )
+    assert code == 1, output[-3000:]
+    assert report["verdict"] == "fail" and report["reason"].startswith("coverage:")
+    assert f"llama3 RoPE scaling past {ROPE_ORIGINAL_POSITIONS} positions" in report["reason"]
+    assert all(c["status"] != "fail" for c in report["checks"])  # no property was violated
+    (rope,) = report["coverage"]
+    assert rope["reached_by"] == []
