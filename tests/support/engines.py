@@ -8,6 +8,7 @@ Plug one in as ``--engine tests.support.engines:LateDrift`` from the repository 
 from __future__ import annotations
 
 import copy
+import math
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -904,3 +905,47 @@ class ExtraLogprobsAfterRetraction(BudgetedWaves):
     def preempted(self, request: dict[str, Any], spec: SamplingSpec) -> None:
         # the K log-probs so far again: the resumed request appends its own after them
         request["lps"].extend(list(request["lps"]))
+
+
+# -- a sampler off inside its support -------------------------------------------------------------
+def _sharpened(logp: Any, tv: float, steps: int = 60) -> Any:
+    """Per row, ``q ∝ p^β`` over ``p``'s support with ``β ≥ 1`` bisected (in log β, up to
+    β = 1,000) until ``TV(q, p) = tv``: rows that cannot move that far (``1 − p_max < tv``) get
+    the largest β. TV grows with β (``q/p ∝ p^(β−1)`` moves mass up the ranking), so bisection
+    finds it."""
+    import torch
+
+    logp = logp.double()
+    p = logp.exp()
+    lo = torch.zeros(logp.shape[0], 1, dtype=torch.float64)
+    hi = torch.full_like(lo, math.log(1000.0))
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        q = torch.softmax(logp * mid.exp(), -1)
+        short = 0.5 * (q - p).abs().sum(-1, keepdim=True) < tv
+        lo, hi = torch.where(short, mid, lo), torch.where(short, hi, mid)
+    return torch.log_softmax(logp * hi.exp(), -1)
+
+
+class SharpenedSampler(_ProcessedScores):
+    """Under top-k or top-p, draws each token from the stated sampler's distribution ``p``
+    sharpened to ``q ∝ p^β``, β per position such that ``TV(q, p) = tv`` (option, default 0.05),
+    inside ``p``'s support: a speculative sampler whose acceptance favours the draft's likely
+    tokens (transformers#47932: at T > 0 the committed tokens were off by a median total
+    variation of 0.05). Every sampled token is one the stated sampler could draw and its raw
+    log-prob is reported right, so parity and the support audit pass."""
+
+    name = "sharpened-sampler"
+    OPTIONS: ClassVar[Mapping[str, str]] = {**HFGenerateEngine.OPTIONS, "tv": "0.05"}
+    #: its own distribution is the whole sampler: the temperature alone follows it
+    OVERRIDES: ClassVar[Mapping[str, Any]] = {"top_k": 0, "top_p": 1.0, "min_p": None}
+
+    def process(self, spec: SamplingSpec, scores: Any) -> Any:
+        import torch
+
+        tempered = torch.log_softmax(scores.float() / spec.temperature, dim=-1)
+        stated = truncate(
+            tempered, spec.top_k, spec.top_p, self.capabilities.sampler_order, min_p=spec.min_p
+        )
+        # the sampler divides by the temperature next: q's log-probs times it come out as q
+        return (_sharpened(stated, float(self.options["tv"])) * spec.temperature).to(scores.dtype)
