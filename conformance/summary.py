@@ -108,12 +108,12 @@ def case_summary(case: dict[str, object]) -> str:
     parts = []
     if isinstance(prompts, list) and prompts:
         lengths = [len(p) for p in prompts if isinstance(p, list)]
-        if len(lengths) == 1:
-            parts.append(f"1 sequence, prompt of {lengths[0]} tokens")
-        elif lengths:
-            parts.append(
-                f"{len(lengths)} sequences, prompts of {min(lengths)}–{max(lengths)} tokens"
-            )
+        if lengths:
+            low, high = min(lengths), max(lengths)
+            span = f"{low}" if low == high else f"{low}–{high}"
+            sequences = "1 sequence" if len(lengths) == 1 else f"{len(lengths)} sequences"
+            prompt = "prompt" if len(lengths) == 1 else "prompts"
+            parts.append(f"{sequences}, {prompt} of {span} token{'' if high == 1 else 's'}")
     sampling = case.get("sampling")
     if isinstance(sampling, dict):
         new = sampling.get("max_new_tokens")
