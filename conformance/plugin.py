@@ -2,15 +2,17 @@
 ``recorder`` fixtures, results streamed to ``--tim-report DIR``, and a verdict in the summary.
 
 Cheap to load: nothing heavy is imported until a conformance fixture is used, and no engine
-starts until a test asks for one. All state lives in one :class:`HarnessSession` in
-``config.stash``; the hooks delegate to it.
+starts until a test asks for one. The module only adds the options and registers one object:
+a :class:`HarnessPlugin`, whose methods are the hooks and which holds the run's
+:class:`~conformance.session.HarnessSession`, when a ``--tim-*`` option (or a suite folder's
+conftest) asks for the harness; else an :class:`Unconfigured`, which refuses checks.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +22,9 @@ from conformance.options import STACK_OPTIONS, add_stack_options, pyproject_tabl
 from conformance.rl.options import add_training_options
 
 if TYPE_CHECKING:
+    from conformance.outcome import Outcome
+    from conformance.recorder import CheckRecord
+    from conformance.report.schema import Report
     from conformance.session import HarnessSession
     from conformance.stack import StackSpec
 
@@ -27,9 +32,9 @@ GROUP = "tim-conformance"
 PREFIX = "tim-"
 REPORT_OPTION = "--tim-report"
 RL_SMOKE_OPTION = "--tim-rl-smoke"
-SESSION_KEY = pytest.StashKey["HarnessSession"]()
-PREPARED_KEY = pytest.StashKey["PreparedStack"]()
-ACTIVE_KEY = pytest.StashKey[bool]()
+#: the names the harness's plugin object is registered under, active or not
+PLUGIN_NAME = "tim-conformance-harness"
+UNCONFIGURED_NAME = "tim-conformance-unconfigured"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -78,7 +83,7 @@ def _given(config: pytest.Config) -> dict[str, Any]:
 def _configured(config: pytest.Config) -> bool:
     """Whether any source — a prepared spec, a flag, an ini key, ``[tool.tim-conformance]``
     — sets an option."""
-    if PREPARED_KEY in config.stash:
+    if _prepared(config) is not None:
         return True
     flags = any(v not in (None, []) for v in _given(config).values())
     report = config.getoption("tim_report") or config.getini("tim_report")
@@ -95,88 +100,83 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     if _configured(config):
         activate(config)
+    elif config.pluginmanager.get_plugin(PLUGIN_NAME) is None:
+        config.pluginmanager.register(Unconfigured(), UNCONFIGURED_NAME)
 
 
 def activate(config: pytest.Config) -> HarnessSession:
-    """Build the session (idempotent). Suites' conftest calls this so they run with no flags."""
-    if SESSION_KEY in config.stash:
-        return config.stash[SESSION_KEY]
+    """Register the harness's plugin object (idempotent) and give its session. Suites'
+    conftest calls this so they run with no flags."""
+    plugins = config.pluginmanager
+    harness = plugins.get_plugin(PLUGIN_NAME)
+    if harness is None:
+        harness = HarnessPlugin(config)
+        unconfigured = plugins.get_plugin(UNCONFIGURED_NAME)
+        if unconfigured is not None:
+            plugins.unregister(unconfigured)
+        plugins.register(harness, PLUGIN_NAME)
+    return harness.session
+
+
+def _build_spec(config: pytest.Config, table: dict[str, Any]) -> tuple[StackSpec, str]:
+    """The stack spec and the command the report records: certify's prepared ones, else built
+    from the ``--tim-*`` flags, ini keys and ``[tool.tim-conformance]``."""
+    from conformance.stack import StackSpec
+
+    prepared = _prepared(config)
+    if prepared is not None:
+        spec, command = prepared.spec, prepared.command
+    else:
+        spec = StackSpec.from_options(resolve(_given(config), _ini_values(config), table))
+        spec, command = spec.preflight(), _command(config)
+    return spec, command
+
+
+@contextmanager
+def hypothesis_settings(spec: StackSpec, *, examples: bool) -> Iterator[int]:
+    """Hypothesis as the harness runs it, inside the block; what it was is back when the block
+    ends. Yields the seed every example comes from: ``--hypothesis-seed``'s, or one drawn and
+    forced so that the report can record it. ``examples``: the spec's example count replaces
+    the loaded profile's ``max_examples``.
+    """
     from hypothesis import Phase, core, settings
     from hypothesis.configuration import set_hypothesis_home_dir
     from hypothesis.internal.conjecture import engine as conjecture_engine
 
-    from conformance.errors import ConformanceError
     from conformance.models.cache import cache_root
-    from conformance.session import HarnessSession, new_seed
-    from conformance.stack import StackSpec
+    from conformance.session import new_seed
 
-    table = pyproject_table(Path(config.rootpath))
-    report = config.getoption("tim_report") or config.getini("tim_report") or table.get("report")
-    prepared = config.stash.get(PREPARED_KEY, None)
-    # --hypothesis-seed is honoured; without it we draw one and force it, so it can be recorded
-    seed = core.global_force_seed
-    if seed is None:
-        seed = new_seed()
-        core.global_force_seed = seed
-    try:
-        if prepared is not None:
-            spec, command = prepared.spec, prepared.command
-        else:
-            spec = StackSpec.from_options(resolve(_given(config), _ini_values(config), table))
-            spec, command = spec.preflight(), _command(config)
-        session = HarnessSession(
-            spec,
-            seed=seed,
-            report_dir=Path(report) if report else None,
-            command=command,
-            rootdir=Path(config.rootpath),
-        )
-    except ConformanceError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    # an explicit --hypothesis-profile keeps its own max_examples unless --tim-examples is
-    # given (a prepared spec's examples are explicit)
-    explicit_examples = (
-        prepared is not None
-        or any("examples" in t for t in (_ini_values(config), table))
-        or config.getoption("tim_examples") is not None
-    )
+    forced, profile = core.global_force_seed, settings.get_current_profile_name()
+    shrinking = conjecture_engine.MAX_SHRINKING_SECONDS
+    seed = forced if forced is not None else new_seed()
     # engines are slow and jittery (no deadline); the explain phase re-runs failing examples
     # many times for a hint the recorded minimal case already gives
     phases = tuple(p for p in settings().phases if p is not Phase.explain)
     # the report's seed is the one every example comes from: a derandomizing profile (Hypothesis
     # loads its "ci" one whenever CI is set) would draw from the test's source instead
     overrides: dict[str, Any] = {"deadline": None, "phases": phases, "derandomize": False}
-    if explicit_examples or not config.getoption("hypothesis_profile", None):
+    if examples:
         overrides["max_examples"] = spec.examples
-    if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
-        # Hypothesis's files in the harness's cache, not .hypothesis/ in the folder the run
-        # started in. Its example database is never read or written here: every run forces
-        # its seed (Hypothesis keeps no examples then), which a replay command repeats
+    # Hypothesis's files in the harness's cache, not .hypothesis/ in the folder the run
+    # started in. Its example database is never read or written here: every run forces its
+    # seed (Hypothesis keeps no examples then), which a replay command repeats
+    home = not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY")
+    core.global_force_seed = seed
+    if home:
         set_hypothesis_home_dir(cache_root() / "hypothesis")
     settings.register_profile("tim-conformance", parent=settings(), **overrides)
     settings.load_profile("tim-conformance")
     # Hypothesis documents this limit as the one to patch; a rare failure can otherwise take
     # many minutes of engine calls to shrink
     conjecture_engine.MAX_SHRINKING_SECONDS = spec.shrink_seconds
-    _terminate_as_interrupt(config, session)
-    config.stash[SESSION_KEY] = session
-    return session
-
-
-def _terminate_as_interrupt(config: pytest.Config, session: HarnessSession) -> None:
-    """SIGTERM ends the session as Ctrl-C does (:func:`conformance.guard.sigterm_as_interrupt`),
-    its reason kept for the report, until pytest unconfigures."""
-    from contextlib import ExitStack
-
-    from conformance.guard import sigterm_as_interrupt
-
-    def note() -> None:
-        if session.interrupted is None:
-            session.interrupted = "interrupted by SIGTERM"
-
-    signals = ExitStack()
-    signals.enter_context(sigterm_as_interrupt(note))
-    config.add_cleanup(signals.close)
+    try:
+        yield seed
+    finally:
+        conjecture_engine.MAX_SHRINKING_SECONDS = shrinking
+        settings.load_profile(profile)
+        if home:
+            set_hypothesis_home_dir(None)
+        core.global_force_seed = forced
 
 
 class PreparedStack:
@@ -190,9 +190,10 @@ class PreparedStack:
         #: the command the report records (certify's own, which names the stack)
         self.command = command
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_configure(self, config: pytest.Config) -> None:
-        config.stash[PREPARED_KEY] = self
+
+def _prepared(config: pytest.Config) -> PreparedStack | None:
+    plugins = config.pluginmanager.get_plugins()
+    return next((p for p in plugins if isinstance(p, PreparedStack)), None)
 
 
 def _command(config: pytest.Config) -> str:
@@ -201,27 +202,243 @@ def _command(config: pytest.Config) -> str:
     return shlex.join(["pytest", *config.invocation_params.args])
 
 
-def _session(config: pytest.Config) -> HarnessSession:
-    return activate(config)
+class Unconfigured:
+    """Registered while no ``--tim-*`` option asks for the harness: a test using the recorder
+    is refused at collection, since the harness sets Hypothesis's settings (no deadline, the
+    example count) before test modules are imported, which only a configured run does."""
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        checks = [i for i in items if _is_check(i)]
+        if checks:
+            raise pytest.UsageError(
+                f"{len(checks)} test(s) use the tim-conformance recorder but no tim-conformance "
+                "option is set (fix: pass e.g. --tim-engine hf-generate, or set tim_* keys in "
+                "pytest.ini or [tool.tim-conformance] in pyproject.toml)"
+            )
 
 
-def pytest_report_header(config: pytest.Config) -> list[str] | None:
-    if SESSION_KEY not in config.stash:
-        return None
-    session = config.stash[SESSION_KEY]
-    spec = session.spec
-    return [
-        f"tim-conformance: engine={spec.engine} ({spec.engine_dtype}) "
-        f"backend={spec.backend} ({spec.backend_dtype}) profile={session.profile.name} "
-        f"model={spec.model or 'embedded default'} seed={session.seed}"
-    ]
+#: fixtures that need a working stack; once it crashed, tests using them are skipped
+_STACK_FIXTURES = frozenset({"tim", "engine", "shared_engine", "backend", "recorder"})
+
+
+class HarnessPlugin:
+    """The harness in a pytest run: builds the session from the run's options, turns each test
+    using the recorder into a check, and writes the report when the run ends.
+
+    Hypothesis's settings (:func:`hypothesis_settings`) and SIGTERM as an interrupt hold from
+    here until pytest unconfigures.
+    """
+
+    def __init__(self, config: pytest.Config) -> None:
+        from conformance.errors import ConformanceError
+        from conformance.guard import sigterm_as_interrupt
+        from conformance.session import HarnessSession
+
+        table = pyproject_table(Path(config.rootpath))
+        report = (
+            config.getoption("tim_report") or config.getini("tim_report") or table.get("report")
+        )
+        restore = ExitStack()
+        config.add_cleanup(restore.close)
+        try:
+            spec, command = _build_spec(config, table)
+            # an explicit --hypothesis-profile keeps its own max_examples unless --tim-examples
+            # is given (a prepared spec's examples are explicit)
+            examples = (
+                _prepared(config) is not None
+                or any("examples" in t for t in (_ini_values(config), table))
+                or config.getoption("tim_examples") is not None
+                or not config.getoption("hypothesis_profile", None)
+            )
+            seed = restore.enter_context(hypothesis_settings(spec, examples=examples))
+            self.session = HarnessSession(
+                spec,
+                seed=seed,
+                report_dir=Path(report) if report else None,
+                command=command,
+                rootdir=Path(config.rootpath),
+            )
+        except ConformanceError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        restore.enter_context(sigterm_as_interrupt(self._terminated))
+        #: the report written when the run ended, for the terminal summary
+        self.final_report: Report | None = None
+        self._deselected_checks = False
+        #: the running check's record and how its phases ended so far (the first non-pass
+        #: phase decides)
+        self._record: CheckRecord | None = None
+        self._outcome: tuple[Outcome, BaseException | None] | None = None
+
+    def _terminated(self) -> None:
+        self.session.report.note_interrupted("interrupted by SIGTERM")
+
+    def pytest_report_header(self) -> list[str]:
+        session = self.session
+        spec = session.spec
+        return [
+            f"tim-conformance: engine={spec.engine} ({spec.engine_dtype}) "
+            f"backend={spec.backend} ({spec.backend_dtype}) profile={session.profile.name} "
+            f"model={spec.model or 'embedded default'} seed={session.seed}"
+        ]
+
+    def pytest_deselected(self, items: Sequence[pytest.Item]) -> None:
+        if any(_is_check(i) for i in items):
+            self._deselected_checks = True
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """The run's scope: ``stack`` when it runs every suite file of the folders its checks
+        come from with nothing deselected, else ``suites`` (a pass then certifies those suites
+        only)."""
+        files = {Path(str(i.path)) for i in session.items if _is_check(i)}
+        everything = {p for folder in {f.parent for f in files} for p in folder.glob("test_*.py")}
+        partial = self._deselected_checks or not everything <= files
+        self.session.report.record_scope("suites" if partial else "stack")
+
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        crash = self.session.stack.crash
+        if crash and _STACK_FIXTURES & set(getattr(item, "fixturenames", ())):
+            pytest.skip(f"the stack crashed: {crash}")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item) -> Iterator[None]:
+        if not _is_check(item):
+            yield
+            return
+        from conformance.outcome import Outcome
+
+        session = self.session
+        suite = Path(str(item.path)).stem.removeprefix("test_")
+        with session.check(suite, item.name, item.nodeid) as record:
+            self._record, self._outcome = record, None
+            try:
+                yield
+            finally:
+                self._record = None
+            interrupted = Outcome("interrupted", session.report.interrupted or "interrupted")
+            outcome, exc = self._outcome or (interrupted, None)
+            session.report.finish_check(record, outcome, exc)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
+        record = self._record
+        if record is None:
+            return (yield)
+        recorder = self.session.recorder
+        with _watching_examples(item, recorder):
+            result = yield
+            test = getattr(item, "obj", None)
+            if getattr(test, "hypothesis", None) is not None:
+                from conformance.recorder import one_example_at_batch_size, run_at_top
+
+                run_at_top(test, item.runtest)
+                if item.get_closest_marker("tim_batch_buckets"):
+                    from conformance.strategies import batch_buckets
+
+                    for size in batch_buckets(self.session.spec.depth.max_batch):
+                        with one_example_at_batch_size(test, size):
+                            item.runtest()
+        if record.examples_run:
+            try:
+                recorder.check_pooled()
+            except AssertionError as exc:
+                recorder.example_failed(exc)
+                raise
+        return result
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Iterator[None]:
+        outcome = yield
+        if self._record is None:
+            return
+        report = outcome.get_result()
+        judged = _judge(report, call)
+        if judged is None:
+            return
+        if judged[0].crashed or judged[0].fault:
+            # one line on the terminal; a fault's traceback goes to results.jsonl
+            if judged[0].fault:
+                session = self.session
+                session.log_fault(item.nodeid, judged[1])
+                where = f" in {session.report_dir / 'results.jsonl'}" if session.report_dir else ""
+                report.longrepr = (
+                    f"{judged[0].message} (engine {session.stack.engine_release()}; traceback "
+                    f'logged{where}, event "fault")'
+                )
+            else:
+                report.longrepr = judged[0].message
+        previous = self._outcome
+        # the first non-pass phase decides; a pass in "call" is final unless teardown errs
+        if previous is None or (previous[0].status == "pass" and judged[0].status != "pass"):
+            self._outcome = judged
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, exitstatus: int) -> None:
+        if exitstatus == pytest.ExitCode.INTERRUPTED:
+            self.session.report.note_interrupted("interrupted (Ctrl-C)")
+        self.session.close()
+        self.final_report = self.session.report.write()
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.final_report is None:
+            return
+        from conformance.summary import verdict_lines
+
+        terminalreporter.section("tim-conformance")
+        for line in verdict_lines(self.final_report, self.session.report_dir):
+            terminalreporter.write_line(line)
+
+
+def _is_check(item: pytest.Item) -> bool:
+    return "recorder" in getattr(item, "fixturenames", ())
+
+
+@contextmanager
+def _watching_examples(item: pytest.Item, recorder: Any) -> Iterator[None]:
+    """Bracket every example the test runs — each Hypothesis example, or the one call of a
+    plain test — so the recorder knows which case failed and how long shrinking took."""
+    function = getattr(item, "obj", None)
+    hypothesis = getattr(function, "hypothesis", None)
+    if hypothesis is None:
+        recorder.begin_example()
+        try:
+            yield
+        except BaseException as exc:
+            recorder.example_failed(exc)
+            raise
+        finally:
+            recorder.example_ended()
+        return
+    # Hypothesis calls ``inner_test`` once per example and lets plugins replace it
+    inner = hypothesis.inner_test
+    hypothesis.inner_test = recorder.watched(inner)
+    try:
+        yield
+    finally:
+        hypothesis.inner_test = inner
+
+
+def _judge(
+    report: pytest.TestReport, call: pytest.CallInfo[None]
+) -> tuple[Outcome, BaseException | None] | None:
+    from conformance.outcome import Outcome, classify
+
+    if report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        return Outcome("skip", reason.removeprefix("Skipped: ")), None
+    if report.when == "call" and report.passed:
+        return Outcome("pass", ""), None
+    if report.failed and call.excinfo is not None:
+        return classify(call.excinfo.value), call.excinfo.value
+    return None
 
 
 # -- fixtures -----------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def tim(request: pytest.FixtureRequest) -> HarnessSession:
     """The conformance session: spec, profile, engine, backend variants, recorder."""
-    return _session(request.config)
+    return activate(request.config)
 
 
 @pytest.fixture(scope="session")
@@ -269,197 +486,8 @@ def recorder(tim: HarnessSession) -> Any:
     return tim.recorder
 
 
-#: fixtures that need a working stack; once it crashed, tests using them are skipped
-_STACK_FIXTURES = frozenset({"tim", "engine", "shared_engine", "backend", "recorder"})
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    harness = item.config.stash.get(SESSION_KEY, None)
-    if (
-        harness is not None
-        and harness.crash
-        and _STACK_FIXTURES & set(getattr(item, "fixturenames", ()))
-    ):
-        pytest.skip(f"the stack crashed: {harness.crash}")
-
-
-# -- hooks: turn each test using the recorder into a check ---------------------------------
-_RECORD_KEY = pytest.StashKey[Any]()
-_OUTCOME_KEY = pytest.StashKey[tuple[Any, BaseException | None]]()
-
-
-_DESELECTED_CHECKS = pytest.StashKey[bool]()
-
-
-def _is_check(item: pytest.Item) -> bool:
-    return "recorder" in getattr(item, "fixturenames", ())
-
-
-def pytest_deselected(items: Sequence[pytest.Item]) -> None:
-    if items and any(_is_check(i) for i in items):
-        items[0].config.stash[_DESELECTED_CHECKS] = True
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """The run's scope: ``stack`` when it runs every suite file of the folders its checks come
-    from with nothing deselected, else ``suites`` (a pass then certifies those suites only)."""
-    harness = session.config.stash.get(SESSION_KEY, None)
-    if harness is None:
-        return
-    files = {Path(str(i.path)) for i in session.items if _is_check(i)}
-    everything = {p for folder in {f.parent for f in files} for p in folder.glob("test_*.py")}
-    partial = session.config.stash.get(_DESELECTED_CHECKS, False) or not everything <= files
-    harness.scope = "suites" if partial else "stack"
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    checks = [i for i in items if _is_check(i)]
-    if checks and SESSION_KEY not in config.stash:
-        # the harness sets Hypothesis's settings (no deadline, the example count) before test
-        # modules are imported, which only a configured run does
-        raise pytest.UsageError(
-            f"{len(checks)} test(s) use the tim-conformance recorder but no tim-conformance "
-            "option is set (fix: pass e.g. --tim-engine hf-generate, or set tim_* keys in "
-            "pytest.ini or [tool.tim-conformance] in pyproject.toml)"
-        )
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
-    session = item.config.stash.get(SESSION_KEY, None)
-    if session is None or not _is_check(item):
-        yield
-        return
-    suite = Path(str(item.path)).stem.removeprefix("test_")
-    with session.check(suite, item.name, item.nodeid) as record:
-        item.stash[_RECORD_KEY] = record
-        yield
-        from conformance.outcome import Outcome
-
-        interrupted = Outcome("interrupted", session.interrupted or "interrupted")
-        outcome, exc = item.stash.get(_OUTCOME_KEY, (interrupted, None))
-        session.finish_check(record, outcome, exc)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    record = item.stash.get(_RECORD_KEY, None)
-    if record is None:
-        return (yield)
-    recorder = item.config.stash[SESSION_KEY].recorder
-    with _watching_examples(item, recorder):
-        result = yield
-        test = getattr(item, "obj", None)
-        if getattr(test, "hypothesis", None) is not None:
-            from conformance.recorder import one_example_at_batch_size, run_at_top
-
-            run_at_top(test, item.runtest)
-            if item.get_closest_marker("tim_batch_buckets"):
-                from conformance.strategies import batch_buckets
-
-                session = item.config.stash[SESSION_KEY]
-                for size in batch_buckets(session.spec.depth.max_batch):
-                    with one_example_at_batch_size(test, size):
-                        item.runtest()
-    if record.examples_run:
-        try:
-            recorder.check_pooled()
-        except AssertionError as exc:
-            recorder.example_failed(exc)
-            raise
-    return result
-
-
-@contextmanager
-def _watching_examples(item: pytest.Item, recorder: Any) -> Iterator[None]:
-    """Bracket every example the test runs — each Hypothesis example, or the one call of a
-    plain test — so the recorder knows which case failed and how long shrinking took."""
-    function = getattr(item, "obj", None)
-    hypothesis = getattr(function, "hypothesis", None)
-    if hypothesis is None:
-        recorder.begin_example()
-        try:
-            yield
-        except BaseException as exc:
-            recorder.example_failed(exc)
-            raise
-        finally:
-            recorder.example_ended()
-        return
-    # Hypothesis calls ``inner_test`` once per example and lets plugins replace it
-    inner = hypothesis.inner_test
-    hypothesis.inner_test = recorder.watched(inner)
-    try:
-        yield
-    finally:
-        hypothesis.inner_test = inner
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
-    if _RECORD_KEY not in item.stash:
-        return
-    report = outcome.get_result()
-    judged = _judge(report, call)
-    if judged is None:
-        return
-    if judged[0].crashed or judged[0].fault:
-        # one line on the terminal; a fault's traceback goes to results.jsonl
-        if judged[0].fault:
-            harness = item.config.stash[SESSION_KEY]
-            harness.log_fault(item.nodeid, judged[1])
-            where = f" in {harness.report_dir / 'results.jsonl'}" if harness.report_dir else ""
-            report.longrepr = (
-                f"{judged[0].message} (engine {harness.engine_release()}; traceback logged"
-                f'{where}, event "fault")'
-            )
-        else:
-            report.longrepr = judged[0].message
-    previous = item.stash.get(_OUTCOME_KEY, None)
-    # the first non-pass phase decides; a pass in "call" is final unless teardown errs
-    if previous is None or (previous[0].status == "pass" and judged[0].status != "pass"):
-        item.stash[_OUTCOME_KEY] = judged
-
-
-def _judge(report: pytest.TestReport, call: pytest.CallInfo[None]) -> Any:
-    from conformance.outcome import Outcome, classify
-
-    if report.skipped:
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        return Outcome("skip", reason.removeprefix("Skipped: ")), None
-    if report.when == "call" and report.passed:
-        return Outcome("pass", ""), None
-    if report.failed and call.excinfo is not None:
-        return classify(call.excinfo.value), call.excinfo.value
-    return None
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    harness = session.config.stash.get(SESSION_KEY, None)
-    if harness is None:
-        return
-    if exitstatus == pytest.ExitCode.INTERRUPTED and harness.interrupted is None:
-        harness.interrupted = "interrupted (Ctrl-C)"
-    harness.close()
-    harness.final_report = harness.write_report()
-    if harness.report_dir is not None:
-        _write_html(harness.final_report, harness.report_dir)
-
-
-def _write_html(report: Any, out: Path) -> None:
-    from conformance.report import write_html
-
-    write_html(report, out / "report.html")
-
-
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    harness = config.stash.get(SESSION_KEY, None)
-    if harness is None or harness.final_report is None:
-        return
-    from conformance.summary import verdict_lines
-
-    terminalreporter.section("tim-conformance")
-    for line in verdict_lines(harness.final_report, harness.report_dir):
-        terminalreporter.write_line(line)
+@pytest.fixture(scope="session")
+def rl_summary(tim: HarnessSession) -> Callable[[dict[str, Any]], None]:
+    """Records an RL smoke run's summary (``RunSummary.as_dict()``, with ``curves_path``
+    relative to the report folder) as report.json's ``rl``."""
+    return tim.report.record_rl

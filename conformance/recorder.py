@@ -100,6 +100,11 @@ class CheckRecord:
     #: the largest sizes its examples drew (``reached_sizes``), to show a run's shape was reached
     reached: dict[str, int] = field(default_factory=dict)
 
+    def count(self, **counts: float) -> None:
+        """Add ``counts`` to the check's extra numbers (e.g. tokens audited so far)."""
+        for key, value in counts.items():
+            self.extra[key] = self.extra.get(key, 0.0) + value
+
     def tokens(self) -> int:
         """How many tokens the pooled metrics pool."""
         return sum(row[0].numel() for row in self.rows)
@@ -168,6 +173,15 @@ class Recorder:
         self._log = log
         self._replay = replay
         self.current: CheckRecord | None = None
+
+    @contextmanager
+    def checking(self, record: CheckRecord) -> Iterator[CheckRecord]:
+        """Point the recorder at ``record`` while the check it records runs."""
+        self.current = record
+        try:
+            yield record
+        finally:
+            self.current = None
 
     # -- the suites' API -------------------------------------------------------------------
     def case(

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.rl
 SUITE_STEPS = 40
 
 
-def test_rl_smoke_natural(tim, recorder, tmp_path, request):
+def test_rl_smoke_natural(tim, recorder, rl_summary, tmp_path, request):
     if not request.config.getoption("tim_rl_smoke"):
         pytest.skip("opt-in: --tim-rl-smoke (trains a copy of the stack for a few minutes)")
     import json
@@ -31,7 +31,7 @@ def test_rl_smoke_natural(tim, recorder, tmp_path, request):
     with started_stack(tim.spec) as (engine, backend):
         summary = run_smoke(engine, backend, config, out)
     if tim.report_dir is not None:
-        tim.rl = {**summary.as_dict(), "curves_path": "rl/rl.jsonl"}
+        rl_summary({**summary.as_dict(), "curves_path": "rl/rl.jsonl"})
     rows = [json.loads(line) for line in (out / "rl.jsonl").read_text().splitlines()]
     recorder.note(
         rl_steps=float(len(rows)),

@@ -176,15 +176,14 @@ def _interrupted_before_suites(
     spec: Any, out: Path, seed: int, signal_name: str, stage: str
 ) -> int:
     """An incomplete run's report (no check ran) for a certify cut short before its suites."""
-    from conformance.report import write_html
     from conformance.session import HarnessSession
 
     doing, fix = _BEFORE_SUITES[stage]
     session = HarnessSession(spec, seed=seed, report_dir=out, command=_command())
-    session.interrupted = f"interrupted by {signal_name} before the suites ran ({doing})"
-    session.crash_fix = fix
-    report = session.write_report()
-    write_html(report, out / "report.html")
+    session.report.note_interrupted(
+        f"interrupted by {signal_name} before the suites ran ({doing})", fix=fix
+    )
+    report = session.report.write()
     return _conclude(report.to_json(), out, _stack_args(spec))
 
 
