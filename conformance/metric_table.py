@@ -182,6 +182,11 @@ METRICS: tuple[Metric, ...] = (
            "p-value that the sampled tokens follow the spec's distribution: their randomized "
            "PIT's uniformity and the top token's share (conformance.sampler_stats)",
            "tim-conformance", family="property"),
+    Metric("sampler_logp_p_value", 1.0, "min", "example",
+           "two-sided p-value of the sampled tokens' summed log-probabilities under the spec's "
+           "distribution against their mean and spread there: a sampler sharper or flatter than "
+           "stated inside the support (conformance.sampler_stats.logp_score)",
+           "transformers#47932", family="property"),
     Metric("rollouts_changed_on_rerun", 0.0, "max", "example",
            "seeded rollouts whose tokens changed when the same request ran again (again, "
            "alone, or after a preemption)", "vllm#19940", family="property"),

@@ -5,12 +5,16 @@ distribution ``p_i`` at each position makes the randomized probability integral 
 ``u_i`` (:func:`randomized_pit`) independent and uniform on (0, 1) whatever the ``p_i`` are, so
 one uniformity test covers every position, prompt and sampling spec at once; where one token
 holds nearly all the mass, the count of top-token draws (:func:`top_token_pvalue`) sees what
-uniformity cannot, and :func:`fidelity_pvalue` joins them.
+uniformity cannot, and :func:`fidelity_pvalue` joins them. The sampled tokens' own
+log-probabilities have a known distribution under ``p`` too: their standardized sum
+(:func:`logp_score`) is the most powerful test against a sampler uniformly sharper or flatter
+than stated, a shift that stays inside the support.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -133,3 +137,124 @@ def fidelity_pvalue(logp: torch.Tensor, tokens: torch.Tensor, u: torch.Tensor, b
     test's power where it is strongest, the false-alarm rate at most the bound it is held to."""
     tests = (ks_uniform_pvalue(u), chi2_uniform_pvalue(u, bins), top_token_pvalue(logp, tokens))
     return min(1.0, 3.0 * min(tests))
+
+
+class LogpScore(NamedTuple):
+    """:func:`logp_score`'s reading of a run's sampled tokens."""
+
+    #: ``Σ (S_t − E_t) / √(Σ Var_t)``: about N(0, 1) for a faithful sampler, positive for a
+    #: sharper one, negative for a flatter one
+    z: float
+    #: two-sided p-value of the sum, its tails by saddlepoint
+    p_value: float
+    #: ``β̂``: the draws look drawn from ``p^β̂`` renormalised (1 for a faithful sampler)
+    power: float
+
+
+#: rows per block of the saddlepoint's sums: a 49,152-token vocabulary's float64 block is 100 MB
+_ROWS = 256
+
+
+def logp_score(logp: torch.Tensor, tokens: torch.Tensor) -> LogpScore:
+    r"""How far the sampled tokens' log-probabilities sum from what ``p`` predicts.
+
+    At position ``t`` a token drawn from ``p_t`` has ``S_t = log p_t(o_t)`` with mean
+    ``E_t = −H(p_t) = Σ_v p_t(v) log p_t(v)`` and variance ``Var_t = Σ_v p_t(v) (log p_t(v) −
+    E_t)²``, independent across positions given their prefixes, so
+    ``Z = Σ_t (S_t − E_t) / √(Σ_t Var_t)`` is N(0, 1) for a faithful sampler as the positions
+    grow (Lindeberg's CLT; for a martingale-difference sum, Hall & Heyde 1980, *Martingale Limit
+    Theory*, Thm 3.2). It is the score statistic at ``β = 1`` of the tempered family
+    ``q_β ∝ p^β`` (the cumulant generating function of ``S_t`` is
+    ``K_t(s) = log Σ_v p_t(v)^{1+s}``, the tilted ``p`` is ``p^{1+s}``), so the locally most
+    powerful test against a sampler sharper (``β > 1``, ``Z > 0``) or flatter than stated
+    (Cox & Hinkley 1974, *Theoretical Statistics*, §4.8). A small tempering ``β = 1 + ε``
+    moves ``E[S_t]`` by ``ε·Var_t`` at a total variation ``δ_t = ε·MAD_t/2`` (``MAD_t``: the
+    mean absolute deviation of ``log p_t``), so a sampler off by ``δ`` at every position moves
+    ``Z`` by ``2δ·Σ_t σ_t r_t / √(Σ_t σ_t²)``, ``r_t = σ_t/MAD_t ≥ 1``: ``2δ√n·r`` where the
+    positions are alike, 4.5·r at δ = 0.05 over 2,048 draws, against 2.3 σ for KS
+    (``√n·D``, and ``D = δ`` for a tempering: the PIT's distribution function crosses ``u``
+    once, at the mass of the tokens it favours).
+
+    ``S_t`` is skewed where one token holds most of the mass (a rare draw reads many nats), so
+    the tails are not read off the normal: ``P(Σ S ≥ x)`` is the Lugannani–Rice saddlepoint
+    approximation ``1 − Φ(w) + φ(w) (1/u − 1/w)``, ``w = sgn(ŝ) √(2(ŝx − K(ŝ)))``,
+    ``u = ŝ √K''(ŝ)``, ``K = Σ_t K_t`` and ``K'(ŝ) = x`` (Lugannani & Rice 1980, Adv. Appl.
+    Probab. 12; Butler 2007, *Saddlepoint Approximations with Applications*, §1.2), relative
+    error ``O(1/n)`` uniformly into the far tails; the two-sided p-value is twice the smaller
+    tail. ``ŝ`` is the maximum-likelihood tempering, ``β̂ = 1 + ŝ``.
+
+    Tokens ``p`` gives no mass (outside the support) are left out: the support audit holds
+    those to zero.
+
+    Args:
+        logp: ``[N, V]`` log-probabilities of the stated (processed) distribution per position.
+        tokens: ``[N]`` the sampled token ids.
+    """
+    logp = logp.to(_F64)
+    drawn = logp.gather(-1, tokens.reshape(-1, 1)).squeeze(-1)
+    kept = torch.isfinite(drawn)
+    logp, drawn = logp[kept], drawn[kept]
+    x = float(drawn.sum())
+    mean, var = _tilted(logp, 0.0)[1:]
+    if var <= 0.0:  # every kept position certain: nothing to test
+        return LogpScore(0.0, 1.0, 1.0)
+    lower, upper, s = logp_sum_tails(logp, x)
+    p_value = min(1.0, 2.0 * min(lower, upper))
+    return LogpScore((x - mean) / math.sqrt(var), p_value, 1.0 + s)
+
+
+def logp_sum_tails(logp: torch.Tensor, x: float) -> tuple[float, float, float]:
+    """``P(Σ_t S_t ≤ x)``, ``P(Σ_t S_t ≥ x)`` and the saddlepoint ``ŝ`` for tokens drawn from
+    ``logp``'s rows (−inf: outside the support), by Lugannani–Rice (:func:`logp_score`)."""
+    logp = logp.to(_F64)
+    _, mean, var = _tilted(logp, 0.0)
+    z = (x - mean) / math.sqrt(var)
+    s = _saddlepoint(logp, x, z / math.sqrt(var))
+    k, _, k2 = _tilted(logp, s)
+    w = math.copysign(math.sqrt(max(0.0, 2.0 * (s * x - k))), s)
+    u = s * math.sqrt(k2)
+    if abs(w) < 1e-3 or abs(u) < 1e-3:  # at the centre: the normal is exact to O(n^-1/2)
+        upper = 0.5 * math.erfc(z / math.sqrt(2.0))
+        return 1.0 - upper, upper, s
+    density = math.exp(-0.5 * w * w) / math.sqrt(2.0 * math.pi)
+    correction = density * (1.0 / u - 1.0 / w)
+    upper = 0.5 * math.erfc(w / math.sqrt(2.0)) + correction
+    lower = 0.5 * math.erfc(-w / math.sqrt(2.0)) - correction
+    return max(0.0, lower), max(0.0, upper), s
+
+
+def _tilted(logp: torch.Tensor, s: float) -> tuple[float, float, float]:
+    """``K(s)``, ``K'(s)``, ``K''(s)`` of ``Σ_t S_t``: the log-normalisers, means and variances
+    of ``log p`` under ``p^{1+s}`` renormalised, summed over the positions (−inf entries are
+    outside the support at every ``s``)."""
+    k = k1 = k2 = 0.0
+    for block in logp.split(_ROWS):
+        finite = torch.isfinite(block)
+        ell = torch.where(finite, block, 0.0)
+        tilted = torch.where(finite, (1.0 + s) * ell, -math.inf)
+        norm = tilted.logsumexp(-1, keepdim=True)
+        q = (tilted - norm).exp()
+        mean = (q * ell).sum(-1, keepdim=True)
+        k += float(norm.sum())
+        k1 += float(mean.sum())
+        k2 += float((q * (ell - mean) ** 2).sum())
+    return k, k1, k2
+
+
+def _saddlepoint(logp: torch.Tensor, x: float, start: float) -> float:
+    """The ``s`` with ``K'(s) = x``: Newton's steps from the normal's guess, kept inside a
+    bracket that each step's sign of ``K'(s) − x`` narrows (``K'`` increases: ``K'' ≥ 0``);
+    ``x`` at or past what any draw reaches gives the bracket's end, ±50 (``p^51``: the top
+    token alone, to float64)."""
+    lo, hi, s = -50.0, 50.0, max(-50.0, min(50.0, start))
+    for _ in range(100):
+        _, k1, k2 = _tilted(logp, s)
+        if k1 < x:
+            lo = s
+        else:
+            hi = s
+        step = s - (k1 - x) / k2 if k2 > 0 else math.nan
+        s = step if lo < step < hi else (lo + hi) / 2.0
+        if hi - lo < 1e-12 or abs(k1 - x) < 1e-10 * max(1.0, abs(x)):
+            break
+    return s

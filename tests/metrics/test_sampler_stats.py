@@ -4,6 +4,7 @@ from the stated distribution, and the p-values match their reference distributio
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 import torch
@@ -12,6 +13,8 @@ from conformance.sampler_stats import (
     chi2_uniform_pvalue,
     fidelity_pvalue,
     ks_uniform_pvalue,
+    logp_score,
+    logp_sum_tails,
     randomized_pit,
     top_token_pvalue,
 )
@@ -132,3 +135,89 @@ def test_the_poisson_binomial_distribution_matches_its_recursion():
     for p in q.tolist():
         pmf = [a * (1 - p) + b * p for a, b in zip([*pmf, 0.0], [0.0, *pmf], strict=True)]
     assert _poisson_binomial_pmf(q).tolist() == pytest.approx(pmf, abs=1e-13)
+
+
+# -- the log-prob score ---------------------------------------------------------------------
+
+
+def _tempered(logp: torch.Tensor, beta: float) -> torch.Tensor:
+    return torch.log_softmax(logp * beta, -1)
+
+
+def test_the_log_prob_score_of_faithful_samples_is_standard_normal(logits):
+    """300 runs of exact draws from ``p`` (peaked and flat positions, ties): Z's mean within
+    4 standard errors of 0 and its variance within 4 of 1 (a variance over T trials has
+    standard error √(2/T)), and the p-values uniform by KS at 1e-3."""
+    logp = torch.log_softmax(logits[:1000], -1)
+    trials = 300
+    scores = [logp_score(logp, _draw(logits[:1000], 1000 + seed)[0]) for seed in range(trials)]
+    z = torch.tensor([s.z for s in scores], dtype=torch.float64)
+    assert abs(float(z.mean())) < 4 / math.sqrt(trials)
+    assert abs(float(z.var()) - 1) < 4 * math.sqrt(2 / trials)
+    assert ks_uniform_pvalue(torch.tensor([s.p_value for s in scores])) > 1e-3
+    assert abs(statistics.fmean(s.power for s in scores) - 1) < 0.05
+
+
+def test_the_saddlepoint_tails_match_the_sum_s_distribution_where_the_normal_does_not():
+    """One token at 0.99 at every position of 2,048 (one spec's draws): a rare draw reads many
+    nats, so ``Σ S`` is skewed and its lower tail at z = −3 holds twice what the normal gives.
+    Against 50,000 sums drawn exactly, the saddlepoint tails at z = −3 and +2.5 (about 0.003
+    each: ~150 sums, the count's relative standard error 8 %) agree within 25 %, three of those
+    standard errors."""
+    logp = torch.log_softmax(_peaked(0.99, vocab=64), -1).to(torch.float64)
+    gen = torch.Generator().manual_seed(17)
+    sums = torch.zeros(50_000, dtype=torch.float64)
+    for row in logp:
+        sums += row[torch.multinomial(row.exp(), sums.numel(), True, generator=gen)]
+    p = logp.exp()
+    mean = float((p * logp).sum())
+    sd = math.sqrt(float((p * (logp - (p * logp).sum(-1, True)) ** 2).sum()))
+    lower, _, _ = logp_sum_tails(logp, mean - 3.0 * sd)
+    _, upper, _ = logp_sum_tails(logp, mean + 2.5 * sd)
+    seen_lower = float((sums <= mean - 3.0 * sd).double().mean())
+    seen_upper = float((sums >= mean + 2.5 * sd).double().mean())
+    assert lower == pytest.approx(seen_lower, rel=0.25)
+    assert upper == pytest.approx(seen_upper, rel=0.25)
+    # the normal's lower tail at −3 is 1.35e-3: under two thirds of what the sums show
+    assert 0.5 * math.erfc(3.0 / math.sqrt(2)) < seen_lower / 1.5
+
+
+@pytest.mark.parametrize("beta", [1.1, 0.9])
+def test_a_tempered_sampler_moves_the_score_its_way(logits, beta):
+    """Draws from ``p^β`` renormalised: sharper (β > 1) reads z > 0, flatter z < 0, both far
+    past a per-spec bound, and the tempering estimate lands near β."""
+    logp = torch.log_softmax(logits, -1)
+    tokens, _ = _draw(torch.log_softmax(logits, -1) * beta, 3)
+    score = logp_score(logp, tokens)
+    assert score.p_value < 1e-5
+    assert (score.z > 0) == (beta > 1)
+    assert score.power == pytest.approx(beta, abs=0.05)
+
+
+def test_a_sampler_off_by_tv_005_inside_the_support_is_found_where_ks_is_not_sure():
+    """Flat distributions cut to their top 20 (a top-k spec), 2,048 draws from the stated
+    distribution sharpened to total variation 0.05 at every position (SharpenedSampler's q):
+    the score reads z ≈ 2·0.05·√2048·σ/MAD ≥ 4.5 and p < 3.6e-5, the suite's share; KS's
+    √n·D ≈ √2048·0.05 = 2.3 reads p ≈ 0.01 to 1e-4 only."""
+    from support.engines import _sharpened
+
+    gen = torch.Generator().manual_seed(23)
+    logp = torch.log_softmax(torch.randn(2048, 256, generator=gen), -1)
+    kept = logp.topk(20).indices
+    stated = torch.full_like(logp, -math.inf).scatter(-1, kept, logp.gather(-1, kept))
+    stated = torch.log_softmax(stated, -1)
+    q = _sharpened(stated, 0.05)
+    assert float((q.exp() - stated.exp()).abs().sum(-1).mean()) / 2 == pytest.approx(0.05, 1e-6)
+    tokens, noise = _draw(q, 29)
+    score = logp_score(stated, tokens)
+    assert score.z > 4 and score.p_value < 3.6e-5
+    assert ks_uniform_pvalue(randomized_pit(stated, tokens, noise)) > score.p_value
+
+
+def test_tokens_outside_the_support_and_certain_positions_are_left_out():
+    logp = torch.log(torch.tensor([[1.0, 0.0], [0.5, 0.5], [0.5, 0.5]]))
+    # the first position is certain (no spread), the third's token has no mass: one position
+    # with S = log 0.5 = E, z = 0
+    score = logp_score(logp, torch.tensor([0, 1, 1]))
+    assert score.z == pytest.approx(0.0) and score.p_value == pytest.approx(1.0)
+    assert logp_score(logp[:1], torch.tensor([0])) == (0.0, 1.0, 1.0)
