@@ -90,6 +90,14 @@ DEFECTS = [
     ("JointTopKTopP", ["sampler_fidelity"], {"sampler_fidelity"}, OUTSIDE_SUPPORT),
     ("OutsideSupport", ["sampler_fidelity"], {"sampler_fidelity"}, OUTSIDE_SUPPORT),
     ("MinPLastUndeclared", ["sampler_fidelity"], {"sampler_fidelity"}, "min_p 0.05"),
+    # right raw log-probs, every token inside the support, drawn from the stated distribution
+    # sharpened by a total variation of 0.05 (transformers#47932): the log-prob sum or the PIT
+    (
+        "SharpenedSampler",
+        ["sampler_fidelity"],
+        {"sampler_fidelity"},
+        ("summed log-probs", "fidelity p-value"),
+    ),
     # right log-probs, a request's n children all one draw
     ("IdenticalChildren", ["group_sampling"], {"group_sampling"}, "not independent draws"),
     ("StalePrefixCache", ["weight_sync"], {"weight_sync"}, "abs_diff_max"),
