@@ -21,16 +21,18 @@ from typing import Any
 from conformance import __version__
 from conformance.env import CERT_KEY
 from conformance.errors import UsageError
+from conformance.fingerprint import VOLATILE_INFO, stack_fingerprint
 from conformance.metric_table import worst_metrics
+from conformance.options import STACK_OPTIONS, flags
 from conformance.report.schema import Report, load_report
-from conformance.stack import VOLATILE_INFO, stack_fingerprint
 
 CERTIFICATE_SCHEMA = 1
 #: how ``signature`` starts: the MAC it holds, in case another ever joins it
 SIGNATURE_PREFIX = "hmac-sha256:"
 #: fields a certificate rebuilt from its report need not share with it: the signature is over
-#: the rest, and the harness's version is the one that wrote it (the stack records it too)
-_NOT_FROM_REPORT = ("signature", "tim_conformance")
+#: the rest, the harness's version is the one that wrote it (the stack records it too), and the
+#: stack's options are certify's (the stack they give is held to the certified one by --check)
+_NOT_FROM_REPORT = ("signature", "tim_conformance", "spec", "stack_args")
 
 #: stack fields that identify a checkout or a process rather than the numerics: a model moved
 #: to another folder is the same model (its sha256 says so); a server's port or a rank's pid is
@@ -83,15 +85,17 @@ def stable_stack(stack: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def build_certificate(
-    report: Report, report_sha256: str, *, stack_args: list[str] | None = None
+    report: Report, report_sha256: str, *, spec: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """The certificate for a report whose file's bytes hash to ``report_sha256``.
 
     Only a run of every suite certifies the stack: a passing run of some suites (the report's
     ``scope: "suites"``) is recorded with ``certified: false``, so that nothing that reads
     ``certified`` takes one property for the whole stack. A report from before ``scope`` reads
-    as ``stack``. ``stack_args`` are the certify flags that rebuild the stack, which
-    ``certify --check`` uses when it is given none.
+    as ``stack``. ``spec`` is the stack's option values as the command line spells them
+    (:meth:`conformance.stack.StackSpec.option_values`), from which ``certify --check`` given
+    no stack option rebuilds the certified stack; ``stack_args`` (deprecated: read for
+    certificates written before ``spec``) renders them as certify's flags.
     """
     scope = report.scope or "stack"
     return {
@@ -100,7 +104,8 @@ def build_certificate(
         "certified": report.verdict == "pass" and scope == "stack",
         "scope": scope,
         "suites": list(report.suites()),
-        "stack_args": stack_args,
+        "spec": None if spec is None else dict(spec),
+        "stack_args": None if spec is None else flags(spec, prefix=""),
         "fingerprint": report.stack["fingerprint"],
         "stack": stable_stack(report.stack),
         "profile": {
@@ -124,14 +129,14 @@ def build_certificate(
 
 
 def write_certificate(
-    report_path: Path, out: Path, *, stack_args: list[str] | None = None
+    report_path: Path, out: Path, *, spec: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """Write ``out`` (certificate.json) for the report at ``report_path``, signed where
     ``TIM_CERT_KEY`` is set; return its content."""
     report_path = Path(report_path)
     report = load_report(report_path)
     digest = hashlib.sha256(report_path.read_bytes()).hexdigest()
-    certificate = build_certificate(report, digest, stack_args=stack_args)
+    certificate = build_certificate(report, digest, spec=spec)
     key = CERT_KEY.get()
     if key:
         certificate["signature"] = sign(certificate, key)
@@ -166,14 +171,29 @@ def load_certificate(cert_path: Path) -> dict[str, Any]:
     return certificate
 
 
-def certified_stack_args(certificate: Mapping[str, Any]) -> list[str]:
-    """The certify flags of the stack a certificate names: those it recorded, or, for one
-    written before it recorded them, its engine, backend, dtypes and logprobs kind."""
-    if certificate.get("stack_args") is not None:
-        return list(certificate["stack_args"])
+def certified_values(certificate: Mapping[str, Any]) -> dict[str, Any]:
+    """The option values of the stack a certificate names, keyed by option name, for
+    :func:`conformance.options.resolve`: its ``spec``; for one written before it, its
+    ``stack_args`` (deprecated); for one written before those, its stack's engine, backend,
+    dtypes and logprobs kind."""
+    if isinstance(certificate.get("spec"), dict):
+        return dict(certificate["spec"])
+    if isinstance(certificate.get("stack_args"), list):
+        return _flag_values([str(arg) for arg in certificate["stack_args"]])
     stack = certificate["stack"]
-    flags = ("engine", "backend", "engine_dtype", "backend_dtype", "logprobs")
-    return [a for f in flags if f in stack for a in (f"--{f.replace('_', '-')}", str(stack[f]))]
+    named = ("engine", "backend", "engine_dtype", "backend_dtype", "logprobs")
+    return {name.replace("_", "-"): str(stack[name]) for name in named if name in stack}
+
+
+def _flag_values(args: list[str]) -> dict[str, str | list[str]]:
+    """The option values certify's flags (``--NAME VALUE``, as ``stack_args`` holds them)
+    give, keyed by name."""
+    multiple = {o.name for o in STACK_OPTIONS if o.multiple}
+    values: dict[str, str | list[str]] = {}
+    for flag, value in zip(args[::2], args[1::2], strict=False):
+        name = flag.removeprefix("--")
+        values[name] = [*values.get(name, []), value] if name in multiple else value
+    return values
 
 
 def check_certificate(cert_path: Path, stack: Mapping[str, Any]) -> CertificateCheck:
@@ -245,9 +265,7 @@ def _edited_fields(certificate: Mapping[str, Any], report_path: Path) -> list[st
                 f"(which hashes to {digest[:16]}…): the report or that field was edited"
             )
         else:
-            rebuilt = build_certificate(
-                load_report(report_path), digest, stack_args=certificate.get("stack_args")
-            )
+            rebuilt = build_certificate(load_report(report_path), digest)
             for key, says, reported in _flat_differences(certificate, rebuilt):
                 named.append(key)
                 reasons.append(

@@ -1,25 +1,40 @@
-"""The stack options, defined once: pytest spells them ``--tim-NAME`` (ini key ``tim_NAME``, or
-``NAME`` under ``[tool.tim-conformance]`` in pyproject.toml); the CLI spells them ``--NAME``.
+"""The stack options, each declared once with its converter: pytest spells them ``--tim-NAME``
+(ini key ``tim_NAME``, or ``NAME`` under ``[tool.tim-conformance]`` in pyproject.toml); the CLI
+spells them ``--NAME``. :func:`resolve` turns what was given into each option's typed value (or
+one line naming the fix), which :meth:`conformance.stack.StackSpec.from_options` assembles.
 """
 
 from __future__ import annotations
 
+import math
 import tempfile
 import tomllib
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from conformance.depth import DEPTHS
+from conformance.depth import DEPTHS, Depth, depth
+from conformance.dtypes import canonical_dtype
 from conformance.errors import UsageError
 from conformance.hf_model import AUTO_ATTN
+
+if TYPE_CHECKING:
+    from conformance.engines import LogprobKind
+
+#: an option's converter: (its name, the value given) to its typed value, or a UsageError
+Convert = Callable[[str, Any], Any]
 
 
 def dest(name: str) -> str:
     """Where a parsed option ``--NAME`` / ``--tim-NAME`` lands (argparse's ``dest``, pytest's
     option name), which is also its ini key: ``tim_`` and the name in snake case."""
     return "tim_" + name.replace("-", "_")
+
+
+def _as_given(name: str, value: Any) -> Any:
+    return value
 
 
 @dataclass(frozen=True)
@@ -35,10 +50,21 @@ class Option:
     #: the values ``--help`` lists, read when the help is built: a registry's names, so a new
     #: engine is listed by itself
     choices: Callable[[], Sequence[str]] | None = None
+    #: the value given (text, or a list of texts for a repeatable option) to its typed value;
+    #: an option that is not given and has no default is None, never converted
+    convert: Convert = _as_given
 
     @property
     def dest(self) -> str:
         return dest(self.name)
+
+    def typed(self, value: Any) -> Any:
+        """``value``'s typed value; None stays None."""
+        return None if value is None else self.convert(self.name, value)
+
+    def default_value(self) -> Any:
+        """The default's typed value."""
+        return self.typed(self.default)
 
     def help_text(self) -> str:
         """``help``, the choices and the default, as ``--help`` shows them."""
@@ -76,6 +102,101 @@ def _logprob_kinds() -> list[str]:
     return [kind.value for kind in LogprobKind]
 
 
+# The converters: each takes the option's name (for the line that refuses a value) and the value
+# as given, which is text (the command line's, an ini file's, a certificate's) or, from a
+# pyproject table, already a number.
+
+
+def positive_int(name: str, value: Any) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if number < 1:
+        raise UsageError(f"--{name} {value!r} is not a positive integer", f"pass e.g. --{name} 10")
+    return number
+
+
+def positive_number(name: str, value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = 0.0
+    if not (number > 0 and math.isfinite(number)):
+        raise UsageError(f"--{name} {value!r} is not a positive number", f"pass e.g. --{name} 600")
+    return number
+
+
+def one_of(choices: Sequence[str]) -> Convert:
+    def convert(name: str, value: Any) -> str:
+        if value not in choices:
+            raise UsageError(
+                f"--{name} {value!r} is not one of its choices", f"use {', '.join(choices)}"
+            )
+        return value
+
+    return convert
+
+
+def dtype(name: str, value: Any) -> str:
+    return canonical_dtype(str(value))
+
+
+def depth_named(name: str, value: Any) -> Depth:
+    return depth(str(value))
+
+
+def model_path(name: str, value: Any) -> Path:
+    """A ``--model`` value's folder (``embedded:NAME`` is built on first use)."""
+    from conformance.models import model_folder
+
+    return model_folder(str(value))
+
+
+def logprob_kind(name: str, value: Any) -> LogprobKind:
+    from conformance.engines import LogprobKind
+
+    try:
+        return LogprobKind(value)
+    except ValueError:
+        raise UsageError(f"unknown logprobs kind {value!r}", "use raw or processed") from None
+
+
+def key_values(what: str) -> Convert:
+    """A repeatable KEY=VALUE option's pairs as a dict."""
+
+    def convert(name: str, value: Any) -> dict[str, str]:
+        return parse_key_values(list(value), what=what)
+
+    return convert
+
+
+def parse_key_values(pairs: list[str], *, what: str = "engine option") -> dict[str, str]:
+    """``["a=1", "b=x"]`` → ``{"a": "1", "b": "x"}``."""
+    parsed = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{what} {pair!r} is not KEY=VALUE", "write e.g. max_num_seqs=4")
+        parsed[key.strip()] = value.strip()
+    return parsed
+
+
+def server_url(name: str, value: Any) -> str:
+    """An ``--engine-url``: http(s)://HOST[:PORT][/PATH], where a server answers."""
+    parts = urllib.parse.urlsplit(str(value))
+    try:
+        parts.port  # noqa: B018 — reading it is what checks it
+    except ValueError:
+        parts = parts._replace(netloc="")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(
+            f"--{name} {value!r} is not an http(s) URL",
+            f"pass e.g. --{name} http://localhost:8000",
+        )
+    return value
+
+
 #: the attention implementations a backend may be asked for: transformers' own names (its
 #: ``ALL_ATTENTION_FUNCTIONS`` and ``eager``), listed here since importing transformers to read
 #: them would cost ``--help`` and every refusal seconds
@@ -100,9 +221,14 @@ MODEL = Option(
     None,
     "DIR",
     default_help="the embedded tiny model",
+    convert=model_path,
 )
-ENGINE_DTYPE = Option("engine-dtype", "engine precision", "float32", "D", choices=_dtypes)
-BACKEND_DTYPE = Option("backend-dtype", "backend precision", "float32", "D", choices=_dtypes)
+ENGINE_DTYPE = Option(
+    "engine-dtype", "engine precision", "float32", "D", choices=_dtypes, convert=dtype
+)
+BACKEND_DTYPE = Option(
+    "backend-dtype", "backend precision", "float32", "D", choices=_dtypes, convert=dtype
+)
 PROFILE = Option(
     "profile",
     "tolerance profile",
@@ -112,13 +238,14 @@ PROFILE = Option(
     "calibrated on, the model's own, calibrated first and cached",
     choices=_profiles,
 )
-EXAMPLES = Option("examples", "Hypothesis examples per property", "20", "N")
+EXAMPLES = Option("examples", "Hypothesis examples per property", "20", "N", convert=positive_int)
 DEPTH = Option(
     "depth",
     "how far the property search reaches: " + "; ".join(d.describe() for d in DEPTHS.values()),
     "quick",
     "NAME",
     choices=lambda: tuple(DEPTHS),
+    convert=depth_named,
 )
 MAX_PROMPT_LEN = Option(
     "max-prompt-len",
@@ -126,6 +253,7 @@ MAX_PROMPT_LEN = Option(
     None,
     "N",
     default_help="the depth's",
+    convert=positive_int,
 )
 MAX_NEW_TOKENS = Option(
     "max-new-tokens",
@@ -133,6 +261,7 @@ MAX_NEW_TOKENS = Option(
     None,
     "N",
     default_help="the depth's",
+    convert=positive_int,
 )
 MAX_BATCH = Option(
     "max-batch",
@@ -140,6 +269,7 @@ MAX_BATCH = Option(
     None,
     "N",
     default_help="the depth's",
+    convert=positive_int,
 )
 GROUP_SIZE = Option(
     "group-size",
@@ -147,6 +277,7 @@ GROUP_SIZE = Option(
     None,
     "N",
     default_help="the depth's",
+    convert=positive_int,
 )
 MAX_BATCH_TOKENS = Option(
     "max-batch-tokens",
@@ -155,6 +286,7 @@ MAX_BATCH_TOKENS = Option(
     None,
     "N",
     default_help="the depth's, and on a CPU the smaller budget a costly model gets",
+    convert=positive_int,
 )
 #: the options that give a run's own shape in place of the depth's limits
 RUN_SHAPE_OPTIONS = (MAX_PROMPT_LEN, MAX_NEW_TOKENS, MAX_BATCH, GROUP_SIZE, MAX_BATCH_TOKENS)
@@ -164,9 +296,14 @@ SHRINK_SECONDS = Option(
     "says the case was not fully shrunk",
     "60",
     "S",
+    convert=positive_number,
 )
 LOGPROBS = Option(
-    "logprobs", "which logprobs the engine is asked for", "raw", choices=_logprob_kinds
+    "logprobs",
+    "which logprobs the engine is asked for",
+    "raw",
+    choices=_logprob_kinds,
+    convert=logprob_kind,
 )
 ENGINE_OPTION = Option(
     "engine-option",
@@ -175,6 +312,7 @@ ENGINE_OPTION = Option(
     "KEY=VALUE",
     multiple=True,
     default_help="the engine's own",
+    convert=key_values("engine option"),
 )
 ENGINE_URL = Option(
     "engine-url",
@@ -182,14 +320,18 @@ ENGINE_URL = Option(
     None,
     "URL",
     default_help="the engine starts its own",
+    convert=server_url,
 )
-BACKEND_MICRO_BATCH = Option("backend-micro-batch", "backend micro-batch size", "8", "N")
+BACKEND_MICRO_BATCH = Option(
+    "backend-micro-batch", "backend micro-batch size", "8", "N", convert=positive_int
+)
 BACKEND_ATTN = Option(
     "backend-attn",
     "backend attention implementation (auto: the one transformers picks for the model, SDPA "
     "where it supports it, else eager)",
     AUTO_ATTN,
     choices=lambda: ATTN_CHOICES,
+    convert=one_of(ATTN_CHOICES),
 )
 BACKEND_OPTION = Option(
     "backend-option",
@@ -198,6 +340,7 @@ BACKEND_OPTION = Option(
     "KEY=VALUE",
     multiple=True,
     default_help="the backend's own",
+    convert=key_values("backend option"),
 )
 CALL_TIMEOUT = Option(
     "call-timeout",
@@ -205,6 +348,7 @@ CALL_TIMEOUT = Option(
     "incomplete as hung",
     "600",
     "S",
+    convert=positive_number,
 )
 
 START_TIMEOUT = Option(
@@ -212,6 +356,7 @@ START_TIMEOUT = Option(
     "seconds an engine or backend may take to start; past them the run ends incomplete",
     "900",
     "S",
+    convert=positive_number,
 )
 
 STACK_OPTIONS = (
@@ -264,15 +409,16 @@ def pyproject_table(rootdir: Path) -> dict[str, Any]:
     return table
 
 
-def resolve(
-    given: Mapping[str, Any], *fallbacks: Mapping[str, Any]
-) -> dict[str, str | list[str] | None]:
-    """Each option's value: the command line first, then each fallback table, then the default.
+def resolve(given: Mapping[str, Any], *fallbacks: Mapping[str, Any]) -> dict[str, Any]:
+    """Each option's typed value, from the command line first, then each fallback table, then
+    the default; a value no converter takes is one UsageError line.
 
     ``given`` is keyed by ``Option.dest``; fallbacks are keyed by ``Option.name`` (with ``-`` or
-    ``_``), as in ini files and pyproject tables.
+    ``_``), as in ini files, pyproject tables and a certificate's ``spec``. The model is
+    converted last: naming an embedded one builds it on first use, which a bad value of
+    another option should not cost.
     """
-    values: dict[str, str | list[str] | None] = {}
+    chosen: dict[Option, Any] = {}
     for option in STACK_OPTIONS:
         value = given.get(option.dest)
         for table in fallbacks:
@@ -283,19 +429,26 @@ def resolve(
             value = option.default
         if option.multiple:
             value = [value] if isinstance(value, str) else list(value or [])
-        values[option.name] = value
-    return values
+        chosen[option] = value
+    typed = {o: o.typed(chosen[o]) for o in sorted(STACK_OPTIONS, key=lambda o: o is MODEL)}
+    return {option.name: typed[option] for option in STACK_OPTIONS}
 
 
-def parse_key_values(pairs: list[str], *, what: str = "engine option") -> dict[str, str]:
-    """``["a=1", "b=x"]`` → ``{"a": "1", "b": "x"}``."""
-    parsed = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise UsageError(f"{what} {pair!r} is not KEY=VALUE", "write e.g. max_num_seqs=4")
-        parsed[key.strip()] = value.strip()
-    return parsed
+def flags(values: Mapping[str, str | list[str] | None], *, prefix: str) -> list[str]:
+    """The ``--PREFIXNAME VALUE`` flags of option values as the command line spells them
+    (:meth:`conformance.stack.StackSpec.option_values`), for people and records. Options at
+    their default are left out but the ones that name the stack."""
+    args = []
+    for option in STACK_OPTIONS:
+        value = values.get(option.name)
+        for one in value if isinstance(value, list) else [value]:
+            if one is not None and (option.name in _NAMED or one != option.default):
+                args += [f"--{prefix}{option.name}", one]
+    return args
+
+
+#: the options every rendering of a stack names, default or not
+_NAMED = frozenset({"engine", "backend", "engine-dtype", "backend-dtype", "profile", "examples"})
 
 
 def check_output_folder(path: Path, flag: str = "--out") -> None:

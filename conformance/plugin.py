@@ -121,6 +121,7 @@ def activate(config: pytest.Config) -> HarnessSession:
 def _build_spec(config: pytest.Config, table: dict[str, Any]) -> tuple[StackSpec, str]:
     """The stack spec and the command the report records: certify's prepared ones, else built
     from the ``--tim-*`` flags, ini keys and ``[tool.tim-conformance]``."""
+    from conformance.preflight import preflight
     from conformance.stack import StackSpec
 
     prepared = _prepared(config)
@@ -128,7 +129,7 @@ def _build_spec(config: pytest.Config, table: dict[str, Any]) -> tuple[StackSpec
         spec, command = prepared.spec, prepared.command
     else:
         spec = StackSpec.from_options(resolve(_given(config), _ini_values(config), table))
-        spec, command = spec.preflight(), _command(config)
+        spec, command = preflight(spec), _command(config)
     return spec, command
 
 

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conformance.errors import EngineCrashed
+from conformance.fingerprint import fingerprint
 from conformance.guard import Guarded, start
 from conformance.report.schema import Stack
 from conformance.shared_answers import SharedAnswers
-from conformance.stack import StackSpec, fingerprint
+from conformance.stack import StackSpec
 
 if TYPE_CHECKING:
     from conformance.backends import Backend

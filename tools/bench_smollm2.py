@@ -121,6 +121,7 @@ def _own_profile(args: argparse.Namespace, shape: list[str], cache: Path) -> Pat
     """The own profile certify would calibrate for this stack, calibrated in ``cache``."""
     from conformance.env import CACHE
     from conformance.options import RUN_SHAPE_OPTIONS, resolve
+    from conformance.preflight import preflight
     from conformance.stack import StackSpec
 
     given = {"tim_model": str(args.model), "tim_engine": args.engine,
@@ -129,7 +130,7 @@ def _own_profile(args: argparse.Namespace, shape: list[str], cache: Path) -> Pat
         if f"--{option.name}" in shape:
             given[option.dest] = shape[shape.index(f"--{option.name}") + 1]
     os.environ[CACHE.name] = str(cache)
-    return Path(StackSpec.from_options(resolve(given)).preflight().profile)
+    return Path(preflight(StackSpec.from_options(resolve(given))).profile)
 
 
 if __name__ == "__main__":

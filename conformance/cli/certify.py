@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from conformance import env, releases
 from conformance.errors import EngineCrashed, UsageError
@@ -24,6 +24,9 @@ from conformance.options import (
 )
 from conformance.rl.options import add_training_options, pytest_args, training_values
 from conformance.suites_location import suites_folder
+
+if TYPE_CHECKING:
+    from conformance.stack import StackSpec
 
 DEFAULT_SEED = 0
 
@@ -111,23 +114,19 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from conformance.preflight import preflight
     from conformance.stack import StackSpec
 
-    if args.check is not None and not _stack_given(args):
-        # the stack the certificate names, not the default one
-        values = resolve(vars(_certified_args(args.check)))
-    else:
-        values = resolve(vars(args), pyproject_table(Path.cwd()))
-    spec = StackSpec.from_options(values)
-    out = args.out or Path("reports") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    seed = DEFAULT_SEED if args.seed is None else args.seed
+    spec = StackSpec.from_options(resolve(vars(args), _option_table(args)))
     if args.check is not None:
         return _check(spec, args.check)
+    out = args.out or Path("reports") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    seed = DEFAULT_SEED if args.seed is None else args.seed
     suites = _run_inputs(args, out)
     with sigterm_as_interrupt() as signals:
         try:
             # may calibrate the model's own profile first: minutes, where a run gets cut short
-            spec = spec.preflight()
+            spec = preflight(spec)
         except KeyboardInterrupt as exc:
             return _interrupted_before_suites(spec, out, seed, str(exc) or "Ctrl-C", "preflight")
         extra = ["--tim-rl-smoke", *pytest_args(vars(args))] if args.rl_smoke else []
@@ -141,7 +140,19 @@ def run(args: argparse.Namespace) -> int:
     if report is None:
         taken = signals[-1] if signals else "Ctrl-C"
         return _interrupted_before_suites(spec, out, seed, taken, "startup")
-    return _conclude(report, out, _stack_args(spec), shown=args.verbose)
+    return _conclude(report, out, spec, shown=args.verbose)
+
+
+def _option_table(args: argparse.Namespace) -> dict[str, Any]:
+    """What fills the stack options the command line leaves out: pyproject.toml's
+    ``[tool.tim-conformance]``; for a ``--check`` given none, the values its certificate
+    recorded (the stack it names, not the default one), the certificate read (or refused)
+    before anything starts."""
+    if args.check is None or _stack_given(args):
+        return pyproject_table(Path.cwd())
+    from conformance.certificate import certified_values, load_certificate
+
+    return certified_values(load_certificate(args.check))
 
 
 def _run_inputs(args: argparse.Namespace, out: Path) -> list[Path]:
@@ -184,7 +195,7 @@ def _interrupted_before_suites(
         f"interrupted by {signal_name} before the suites ran ({doing})", fix=fix
     )
     report = session.report.write()
-    return _conclude(report.to_json(), out, _stack_args(spec))
+    return _conclude(report.to_json(), out, spec)
 
 
 def _command() -> str:
@@ -194,22 +205,6 @@ def _command() -> str:
 def _stack_given(args: argparse.Namespace) -> bool:
     """Whether the command line names any stack option."""
     return any(getattr(args, o.dest) not in (None, []) for o in STACK_OPTIONS)
-
-
-def _certified_args(certificate: Path) -> argparse.Namespace:
-    from conformance.certificate import certified_stack_args, load_certificate
-    from conformance.cli import make_parser
-
-    flags = certified_stack_args(load_certificate(certificate))
-    return make_parser("certify").parse_args(["certify", *flags])
-
-
-def _stack_args(spec: Any) -> list[str]:
-    """certify's flags for the stack (pytest's ``--tim-NAME`` is certify's ``--NAME``), for the
-    certificate to show and ``--check`` to rebuild the certified stack from."""
-    return [
-        a.replace("--tim-", "--", 1) if a.startswith("--tim-") else a for a in spec.pytest_args()
-    ]
 
 
 def _suite_paths(folder: Path, names: list[str]) -> list[Path]:
@@ -381,17 +376,15 @@ def _last_line(path: Path) -> str:
     return next((line.strip() for line in reversed(lines) if line.strip()), "")
 
 
-def _conclude(
-    report: dict[str, Any], out: Path, stack_args: list[str], *, shown: bool = False
-) -> int:
-    """Write the certificate and say the verdict: its table (unless pytest's output, on the
-    terminal, ``shown`` it), then one line; the exit code."""
+def _conclude(report: dict[str, Any], out: Path, spec: StackSpec, *, shown: bool = False) -> int:
+    """Write the certificate (of ``spec``'s stack) and say the verdict: its table (unless
+    pytest's output, on the terminal, ``shown`` it), then one line; the exit code."""
     from conformance.certificate import write_certificate
     from conformance.report.schema import as_report
     from conformance.summary import verdict_lines
 
     certificate = write_certificate(
-        out / "report.json", out / "certificate.json", stack_args=stack_args
+        out / "report.json", out / "certificate.json", spec=spec.option_values()
     )
     verdict = report["verdict"]
     if not shown:
@@ -416,19 +409,23 @@ def _conclude(
     return 0 if verdict == "pass" else 1
 
 
-def _check(spec: Any, certificate: Path) -> int:
+def _check(spec: StackSpec, certificate: Path) -> int:
+    """``--check``: whether ``spec``'s stack starts as the one ``certificate`` certified, and the
+    certificate certifies it; the exit code."""
+    from contextlib import closing
+
     from conformance.certificate import judge_certificate, load_certificate
-    from conformance.session import HarnessSession
+    from conformance.preflight import preflight
+    from conformance.started_stack import StartedStack
 
     load_certificate(certificate)  # an unreadable one is refused before anything starts
-    session = HarnessSession(spec.preflight(), seed=DEFAULT_SEED, report_dir=None, command="")
-    try:
-        session.engine  # noqa: B018 — starting it is how its versions and knobs are learned
-        session.backend  # noqa: B018
-        stack = session.report().stack
-    finally:
-        session.close()
-    verdict = judge_certificate(certificate, stack)
+    # no report, no checks: nothing to log, no check running
+    started = StartedStack(preflight(spec), log=lambda **_: None, current_check=lambda: None)
+    with closing(started) as stack:
+        stack.engine  # noqa: B018 — starting it is how its versions and knobs are learned
+        stack.backend  # noqa: B018
+        fingerprint = stack.fingerprint()
+    verdict = judge_certificate(certificate, fingerprint)
     if verdict.certifies:
         print(
             f"tim-conformance: CERTIFIED for this launch: the current stack is the one certified "

@@ -82,7 +82,7 @@ class Record:
 
 
 class Stack(dict[str, Any]):
-    """The stack fingerprint (``conformance.stack.fingerprint``): a mapping, since engines
+    """The stack fingerprint (``conformance.fingerprint.fingerprint``): a mapping, since engines
     and backends add their own info fields; the fields below are checked, the rest kept."""
 
     #: the fields the gate, certificate, summary and page rely on, with their JSON types

@@ -176,19 +176,21 @@ def test_missing_engine_package_is_one_line(tmp_path, cli_env):
     assert "vllm" in line and "pip install" in line
 
 
-#: certify run in a subprocess with StackSpec's constructors counted (each still the real one)
+#: certify run in a subprocess with the spec's constructor and its preflight counted (each still
+#: the real one)
 _COUNTED_CERTIFY = """
 import collections, sys
+import conformance.preflight
 from conformance.stack import StackSpec
 calls = collections.Counter()
-built, checked = StackSpec.from_options.__func__, StackSpec.preflight
+built, checked = StackSpec.from_options.__func__, conformance.preflight.preflight
 def from_options(cls, values):
     calls["from_options"] += 1
     return built(cls, values)
-def preflight(self):
+def preflight(spec):
     calls["preflight"] += 1
-    return checked(self)
-StackSpec.from_options, StackSpec.preflight = classmethod(from_options), preflight
+    return checked(spec)
+StackSpec.from_options, conformance.preflight.preflight = classmethod(from_options), preflight
 from conformance.cli import main
 sys.argv = ["tim-conformance", "certify", *sys.argv[1:]]
 code = main(sys.argv[1:])

@@ -7,6 +7,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from conformance.models import ModelInfo
+from conformance.options import resolve
+from conformance.preflight import within_cost
 from conformance.stack import StackSpec
 
 CPU = {"kind": "cpu", "name": "x86_64"}
@@ -33,27 +35,24 @@ SMOLLM2 = _model(576, 30, 49_152)
 
 
 def test_a_costly_model_on_a_cpu_draws_within_its_cost_and_replays_it():
-    spec = StackSpec().within_cost(SMOLLM2, CPU)
+    spec = within_cost(StackSpec(), SMOLLM2, CPU)
     assert spec.depth.max_batch_tokens == 32 * (1 + 128) and spec.depth.budget == "model cost"
     assert spec.option_values()["max-batch-tokens"] == "4128"
     args = spec.pytest_args()
     assert args[args.index("--tim-max-batch-tokens") + 1] == "4128"
-    replayed = StackSpec.from_options({**_resolved(spec), "max-batch-tokens": "4128"}).within_cost(
-        SMOLLM2, CPU
-    )
+    replayed = within_cost(_replayed(spec, **{"max-batch-tokens": "4128"}), SMOLLM2, CPU)
     assert replayed.depth == replace(spec.depth, budget="option")
 
 
 def test_the_budget_stays_the_depths_on_a_gpu_for_a_small_model_and_when_given():
     default = StackSpec()
-    assert default.within_cost(SMOLLM2, {"kind": "cuda", "name": "H200"}) == default
-    assert default.within_cost(_model(64, 2, 384), CPU) == default
-    given = StackSpec.from_options({**_resolved(default), "max-batch-tokens": "65536"})
-    assert given.within_cost(SMOLLM2, CPU) == given
+    assert within_cost(default, SMOLLM2, {"kind": "cuda", "name": "H200"}) == default
+    assert within_cost(default, _model(64, 2, 384), CPU) == default
+    given = _replayed(default, **{"max-batch-tokens": "65536"})
+    assert within_cost(given, SMOLLM2, CPU) == given
     assert given.option_values()["max-batch-tokens"] == "65536"  # a replay keeps it
 
 
-def _resolved(spec: StackSpec) -> dict:
-    from conformance.options import resolve
-
-    return resolve({}) | {k: v for k, v in spec.option_values().items() if v is not None}
+def _replayed(spec: StackSpec, **changes: str) -> StackSpec:
+    """The stack ``spec``'s option values give, with ``changes``, built as a replay builds it."""
+    return StackSpec.from_options(resolve({}, {**spec.option_values(), **changes}))
