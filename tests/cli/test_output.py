@@ -37,9 +37,10 @@ def test_a_not_certified_verdict_fits_one_screen_and_leaves_the_users_folder_cle
     tmp_path, cli_env
 ):
     out, cwd = tmp_path / "run", tmp_path / "cwd"
+    # per-token noise of 0.01 nats fails 8 checks at 5 examples a property
     result = _certify(
-        "--engine", ENGINES + "SlidingWindowBug", "--engine-dtype", "bfloat16",
-        *VARIANT_EXAMPLES, "--out", str(out), env=cli_env, cwd=cwd,
+        "--engine", ENGINES + "TokenNoise", *VARIANT_EXAMPLES, "--out", str(out),
+        env=cli_env, cwd=cwd,
     )  # fmt: skip
     screen = result.stdout + result.stderr
     assert result.returncode == 1, screen[-3000:]
@@ -47,7 +48,7 @@ def test_a_not_certified_verdict_fits_one_screen_and_leaves_the_users_folder_cle
     assert "Traceback" not in screen and not any(line.startswith("E ") for line in lines)
     assert len(lines) <= SCREEN_LINES, screen
     failed = [i for i, line in enumerate(lines) if line.startswith("FAIL ")]
-    assert failed, screen
+    assert len(failed) >= 7, screen
     for at in failed:
         block = lines[at : next((i for i in failed if i > at), len(lines))]
         # metric, value and bound: the failing case's in the message, every example's below
