@@ -9,7 +9,8 @@ engine's cell finds it (the hf-generate cell runs first, so the reference stack 
 A suites-only run is not a certificate: the table names the selection. Each engine runs from
 the interpreter its option names (a virtual environment holding that engine); for a cell that
 ends incomplete (an engine refusing a family: exit 2) the table gives the report's one-line
-reason, or the last line the run printed where it wrote no report.
+reason, or where it wrote no report the last exception line the run printed (``--verbose``:
+pytest's whole output goes to the cell's certify.log).
 
     PYTHONPATH=. python tools/family_matrix.py --work /tmp/families \\
         --vllm-python /tmp/engines/vllm/bin/python --sglang-python /tmp/engines/sglang/bin/python
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -109,12 +111,19 @@ def failure(check: dict[str, Any]) -> Failure:
     return found
 
 
+def error_line(log: str) -> str | None:
+    """The line that says why a run wrote no report: the last exception line (an engine that
+    kills its own process leaves its traceback last but not at the end), else the last line."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception)\b", line)]
+    return (errors or lines or [None])[-1]
+
+
 def read_cell(arch: str, engine: str, dtype: str, rc: int, seconds: float, run: Path) -> Cell:
     """The cell a finished certify in ``run`` makes: from its report.json, else its log."""
     report_path = run / "report.json"
     if not report_path.is_file():
-        lines = [line for line in (run / "certify.log").read_text().splitlines() if line.strip()]
-        reason = lines[-1].strip() if lines else f"exit {rc}, no output"
+        reason = error_line((run / "certify.log").read_text()) or f"exit {rc}, no output"
         return Cell(arch, engine, dtype, rc, seconds, "incomplete", reason)
     report = json.loads(report_path.read_text())
     failed = [failure(c) for c in report["checks"] if c["status"] in FAILED]
@@ -158,7 +167,7 @@ def run_cell(
         python, "-m", "conformance", "certify", "--model", str(model_of(arch, work)),
         "--engine", engine, "--engine-dtype", dtype, "--backend-dtype", dtype,
         *[a for s in SUITES for a in ("--suite", s)], "--examples", str(examples),
-        "--out", str(run),
+        "--out", str(run), "--verbose",
     ]  # fmt: skip
     env = {**os.environ, "TIM_CONFORMANCE_CACHE": str(work / "cache")}
     if engine == "sglang":

@@ -57,6 +57,13 @@ def test_a_run_that_wrote_no_report_is_incomplete_with_its_last_line(tmp_path):
     )
 
 
+def test_a_run_killed_midway_is_incomplete_with_its_last_exception_line(tmp_path):
+    log = "Traceback (most recent call last):\nRuntimeError: scheduler died\nKilled\n"
+    (tmp_path / "certify.log").write_text(log)
+    cell = matrix.read_cell("bamba", "sglang", "bfloat16", -9, 3.0, tmp_path)
+    assert cell.reason == "RuntimeError: scheduler died"
+
+
 def test_a_finished_cell_is_read_not_rerun(tmp_path):
     run = tmp_path / "runs" / "cohere-vllm-float32"
     run.mkdir(parents=True)
