@@ -4,8 +4,9 @@ stated sampler's support (zero tolerance).
 A token the sampler should have cut has processed probability 0: a trainer that recomputes
 the processed distribution gets −inf and an infinite importance ratio (a masking race in a
 fused sampler, transformers#23088; top-k/top-p composed in another order, sglang#36173). The
-session runs :func:`audit_rollouts` on each batch an engine samples with min-p, top-k or top-p on,
-while engine and backend hold the same weights, against the backend's tempered distribution
+session (:class:`~conformance.session_audit.SessionAudit`) runs :func:`audit_rollouts` on each
+batch an engine samples with min-p, top-k or top-p on, while engine and backend hold the same
+weights, against the backend's tempered distribution
 (:func:`conformance.sampling.outside_support`); the running check counts the tokens audited and
 those outside (``support_tokens``, ``out_of_support_tokens``) and fails on the first outside. A
 batch the check has already found clean (a seeded rerun) is not audited again (:func:`audit_key`).
