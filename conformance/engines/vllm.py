@@ -215,7 +215,10 @@ class VLLMEngine(Engine):
                 "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
                 "max_model_len": config.model_config.max_model_len,
                 "logprobs_mode": config.model_config.logprobs_mode,
+                "kv_cache_dtype": config.cache_config.cache_dtype,
             }
+            if config.speculative_config is not None:
+                info["knobs"]["speculative_config"] = self.options["speculative_config"]
             if self._counts:
                 cache = config.cache_config
                 # one block is the pool's null block (see kv_budget_args)

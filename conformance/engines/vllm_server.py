@@ -11,6 +11,7 @@ score, ``logprobs`` to sample, ``return_tokens_as_token_ids`` so tokens come bac
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -68,11 +69,17 @@ class VLLMServerEngine(ServerEngine):
         return options
 
     def command(self, port: int) -> list[str]:
+        # the server's flags take as JSON what the offline API takes as a dict
+        # (``--speculative-config``)
+        args = {
+            key: json.dumps(value) if isinstance(value, dict) else value
+            for key, value in common.engine_args(self.config, self.options).items()
+        }
         return [
             sys.executable,
             *("-m", internals.API_SERVER_MODULE, "--host", "127.0.0.1", "--port"),
             str(port),
-            *command_flags(common.engine_args(self.config, self.options), negatable=True),
+            *command_flags(args, negatable=True),
         ]
 
     def environment(self, root: str) -> dict[str, str]:
