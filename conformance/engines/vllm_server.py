@@ -47,6 +47,7 @@ class VLLMServerEngine(ServerEngine):
         super().__init__(config)
         # the server's counters run from its start; an attached one may have served before
         self._preempted_before = self._preempted()
+        self._refusal = common.speculation_refusal(self.options)
 
     @classmethod
     def parse_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -173,6 +174,9 @@ class VLLMServerEngine(ServerEngine):
     def _sample(
         self, prompts: TokenBatch, spec: SamplingSpec, top_logprobs: int
     ) -> list[dict[str, Any]]:
+        # the server runs this machine's vLLM (an attached one takes no speculative_config)
+        if self._refusal is not None:
+            raise self._refusal
         return self._complete(
             {
                 "prompt": [list(p) for p in prompts],
