@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -269,7 +270,7 @@ KV_ROUNDINGS = ("nearest", "toward_zero")
 
 
 def kv_rounding_floor(
-    model: str,
+    model: str | Path,
     kv_format: str,
     sequences: list[list[int]],
     *,
@@ -292,15 +293,16 @@ def kv_rounding_floor(
     cannot be nearer a ``dtype`` trainer than this, in expectation, and one that is much
     further does more than round its cache.
     """
-    fmt = _kv_format(kv_format)
-    if rounding not in KV_ROUNDINGS:
-        raise UsageError(f"unknown rounding {rounding!r}", f"use one of {', '.join(KV_ROUNDINGS)}")
     from conformance.hf_model import load_causal_lm
 
-    reference = load_causal_lm(model, dtype, "sdpa")
-    rounded = load_causal_lm(model, dtype, _register_kv_rounding(kv_format, fmt, rounding))
+    fmt = _kv_format(kv_format)
+    rounded = kv_rounded_model(model, kv_format, dtype=dtype, rounding=rounding)
+    reference = load_causal_lm(Path(model), dtype, "sdpa")
     diffs = torch.cat(
-        [(_score(rounded, seq) - _score(reference, seq)).double() for seq in sequences]
+        [
+            (token_logprobs(rounded, seq) - token_logprobs(reference, seq)).double()
+            for seq in sequences
+        ]
     )
     if not diffs.numel():
         raise UsageError("no tokens to score", "give sequences of at least 2 ids")
@@ -313,6 +315,20 @@ def kv_rounding_floor(
         abs_diff_mean=float(diffs.abs().mean()),
         abs_diff_rms=float(diffs.square().mean().sqrt()),
     )
+
+
+def kv_rounded_model(
+    model: str | Path, kv_format: str, *, dtype: str = "float32", rounding: str = "nearest"
+) -> torch.nn.Module:
+    """``model`` loaded in ``dtype`` with every attention layer's keys and values rounded to
+    ``kv_format`` (:func:`round_to`) before SDPA: the reference forward of an engine that
+    caches them in that format."""
+    from conformance.hf_model import load_causal_lm
+
+    fmt = _kv_format(kv_format)
+    if rounding not in KV_ROUNDINGS:
+        raise UsageError(f"unknown rounding {rounding!r}", f"use one of {', '.join(KV_ROUNDINGS)}")
+    return load_causal_lm(Path(model), dtype, _register_kv_rounding(kv_format, fmt, rounding))
 
 
 def _kv_format(name: str) -> torch.dtype:
@@ -355,7 +371,7 @@ def _register_kv_rounding(name: str, fmt: torch.dtype, rounding: str) -> str:
     return registered
 
 
-def _score(lm: torch.nn.Module, sequence: list[int]) -> torch.Tensor:
+def token_logprobs(lm: torch.nn.Module, sequence: list[int]) -> torch.Tensor:
     """``log p(s[t+1] | s[:t+1])`` for t = 0 … n − 2, in float32."""
     ids = torch.tensor([sequence], device=next(lm.parameters()).device)
     with torch.no_grad():
