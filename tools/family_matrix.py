@@ -84,10 +84,12 @@ class Cell:
 
 
 def failure(check: dict[str, Any]) -> Failure:
-    """What a failing check of a report shows: its first violation (or its message)."""
+    """What a failing check of a report shows: its abs_diff_max violation, else its first (or
+    its message)."""
     violations = check.get("violations") or []
     if violations:
-        v = violations[0]
+        # the largest token's |Δ log p| says more than the first metric listed (the mean)
+        v = next((v for v in violations if v["metric"] == "abs_diff_max"), violations[0])
         breach = f"{v['metric']}: {metric(v['metric']).relation(v['value'], v['threshold'])}"
     else:
         lines = (check.get("message") or "").strip().splitlines()
@@ -197,7 +199,7 @@ def summary(cell: Cell) -> str:
 def detail(cell: Cell) -> str:
     """One line for a cell that did not pass: what it showed."""
     head = f"- {cell.arch} × {cell.engine} × {cell.dtype}: {cell.label()} (exit {cell.rc})"
-    if not cell.failures:
+    if cell.verdict == "incomplete" or not cell.failures:
         return f"{head}: {cell.reason or 'no reason recorded'}"
     parts = []
     for f in cell.failures:

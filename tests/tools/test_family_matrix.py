@@ -19,8 +19,8 @@ def failing_check() -> dict:
         "message": "abs_diff_max 0.5 > 0.01\nmore",
         "thresholds": {"abs_diff_max": 0.01},
         "violations": [
-            {"metric": "abs_diff_max", "value": 0.5, "threshold": 0.01, "bound": "max"},
             {"metric": "abs_diff_mean", "value": 0.1, "threshold": 0.001, "bound": "max"},
+            {"metric": "abs_diff_max", "value": 0.5, "threshold": 0.01, "bound": "max"},
         ],
         "samples": {
             "lp_train": [-1.0, -2.0, -3.0, -4.0],
@@ -30,7 +30,7 @@ def failing_check() -> dict:
     }
 
 
-def test_a_failing_check_names_its_first_breach_and_where_the_tokens_left_the_bound():
+def test_a_failing_check_names_its_largest_token_breach_and_where_the_tokens_left_the_bound():
     found = matrix.failure(failing_check())
     assert found.breach == "abs_diff_max: 0.5 > 0.01"
     assert (found.first_position, found.max_position) == (70, 90)
