@@ -118,6 +118,10 @@ DEFECTS = [
     ("FirstRequestSampler", ["mixed_requests"], {"mixed_requests"}, "generate_requests()"),
     # right text, a request's log-probs another's where a batch-mate asks for top-k
     ("CrossedTopLogprobs", ["mixed_requests"], {"mixed_requests"}, "abs_diff_max"),
+    # found in real engines (docs/findings/): the embedding as head although the head is untied
+    ("HeadFromEmbedding", ["prefill_parity"], {"prefill_parity"}, "abs_diff_max"),
+    # a reload that leaves the MLP weights unpacked: wrong even on the weights already loaded
+    ("UnpackedAfterReload", ["weight_sync"], {"weight_sync"}, "abs_diff_max"),
 ]
 
 

