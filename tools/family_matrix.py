@@ -126,6 +126,8 @@ def read_cell(arch: str, engine: str, dtype: str, rc: int, seconds: float, run: 
     report_path = run / "report.json"
     if not report_path.is_file():
         reason = error_line((run / "certify.log").read_text()) or f"exit {rc}, no output"
+        if rc < 0:
+            reason = f"killed by signal {-rc} before writing a report; last line: {reason}"
         return Cell(arch, engine, dtype, rc, seconds, "incomplete", reason)
     report = json.loads(report_path.read_text())
     failed = [failure(c) for c in report["checks"] if c["status"] in FAILED]
@@ -192,7 +194,8 @@ def run_cell(
 
 def summary(cell: Cell) -> str:
     """A table cell: the verdict, minutes, and any feature the selection left unreached."""
-    unreached = f"; not reached: {', '.join(cell.unreached)}" if cell.unreached else ""
+    measured = cell.verdict != "incomplete"  # a run that measured nothing reached nothing
+    unreached = f"; not reached: {', '.join(cell.unreached)}" if measured and cell.unreached else ""
     return f"{cell.label()} ({cell.seconds / 60:.1f} min{unreached})"
 
 
