@@ -16,8 +16,9 @@ pytest's whole output goes to the cell's certify.log).
         --vllm-python /tmp/engines/vllm/bin/python --sglang-python /tmp/engines/sglang/bin/python
 
 Writes ``matrix.md`` (the table and one line per cell that did not pass) and ``matrix.json``
-(every cell) into ``--out``. A cell already run (its ``cell.json`` in ``--work``) is read, not
-rerun, so an interrupted matrix resumes; delete a cell's folder to run it again.
+(every cell) into ``--out``; ``--collect`` writes them from the finished cells alone, naming
+the rest. A cell already run (its ``cell.json`` in ``--work``) is read, not rerun, so an
+interrupted matrix resumes; delete a cell's folder to run it again.
 """
 
 from __future__ import annotations
@@ -131,13 +132,15 @@ def read_cell(arch: str, engine: str, dtype: str, rc: int, seconds: float, run: 
         return Cell(arch, engine, dtype, rc, seconds, "incomplete", reason)
     report = json.loads(report_path.read_text())
     failed = [failure(c) for c in report["checks"] if c["status"] in FAILED]
-    versions = report["stack"].get("versions", {})
-    package = {"hf-generate": "transformers"}.get(engine, engine)
-    release = versions.get(package)
+    release = report["stack"].get("engine_info", {}).get("release") or {}
+    torch = report["stack"].get("versions", {}).get("torch")
+    named = (
+        f"{release.get('package')} {release.get('installed')} (torch {torch})" if release else None
+    )
     unreached = [f["name"] for f in report.get("coverage") or [] if not f["reached_by"]]
     return Cell(
         arch, engine, dtype, rc, seconds, report["verdict"], report.get("reason"), failed,
-        unreached, f"{package} {release}" if release else None, str(report_path),
+        unreached, named, str(report_path),
     )  # fmt: skip
 
 
@@ -155,16 +158,24 @@ def model_of(arch: str, work: Path) -> Path:
     return final
 
 
+def finished(arch: str, engine: str, dtype: str, work: Path) -> Cell | None:
+    """The cell as it ran before in ``work``, or None. ``cell.json`` keeps what only the run
+    knew (exit code, seconds); the rest is read from its report."""
+    run = work / "runs" / f"{arch}-{engine}-{dtype}"
+    if not (run / "cell.json").is_file():
+        return None
+    saved = json.loads((run / "cell.json").read_text())
+    return read_cell(arch, engine, dtype, saved["rc"], saved["seconds"], run)
+
+
 def run_cell(
     arch: str, engine: str, dtype: str, python: str, work: Path, examples: int, timeout: float
 ) -> Cell:
-    """One cell: read from ``--work`` where it ran before, else certified now. ``cell.json``
-    keeps what only the run knew (exit code, seconds); the rest is read from its report."""
+    """One cell: read from ``--work`` where it ran before, else certified now."""
+    cell = finished(arch, engine, dtype, work)
+    if cell is not None:
+        return cell
     run = work / "runs" / f"{arch}-{engine}-{dtype}"
-    done = run / "cell.json"
-    if done.is_file():
-        saved = json.loads(done.read_text())
-        return read_cell(arch, engine, dtype, saved["rc"], saved["seconds"], run)
     run.mkdir(parents=True, exist_ok=True)
     (run / "report.json").unlink(missing_ok=True)  # a cut-short run's, never read as this one's
     command = [
@@ -188,7 +199,7 @@ def run_cell(
             rc = 124
             log.write(f"family_matrix: stopped after the cell timeout of {timeout:.0f} s\n")
     seconds = time.monotonic() - started
-    done.write_text(json.dumps({"rc": rc, "seconds": seconds}) + "\n")
+    (run / "cell.json").write_text(json.dumps({"rc": rc, "seconds": seconds}) + "\n")
     return read_cell(arch, engine, dtype, rc, seconds, run)
 
 
@@ -215,8 +226,9 @@ def detail(cell: Cell) -> str:
     return f"{head}: " + "; ".join(parts)
 
 
-def render(cells: list[Cell], command: str, examples: int) -> str:
-    """The matrix as markdown: the selection, the table, one line per cell that did not pass."""
+def render(cells: list[Cell], command: str, examples: int, pending: list[str] | None = None) -> str:
+    """The matrix as markdown: the selection, the table, one line per cell that did not pass,
+    and the cells not run yet (``--collect`` of an unfinished matrix)."""
     by_key = {(c.arch, c.engine, c.dtype): c for c in cells}
     columns = [(e, d) for e in ENGINES for d in DTYPES if any(k[1:] == (e, d) for k in by_key)]
     archs = list(dict.fromkeys(c.arch for c in cells))
@@ -237,6 +249,8 @@ def render(cells: list[Cell], command: str, examples: int) -> str:
     others = [detail(c) for c in cells if c.verdict != "pass"]
     if others:
         lines += ["", "Cells that did not pass:", "", *others]
+    if pending:
+        lines += ["", f"Not run yet ({len(pending)}): {', '.join(pending)}."]
     return "\n".join(lines) + "\n"
 
 
@@ -249,6 +263,9 @@ def main() -> None:
     parser.add_argument("--dtype", action="append", choices=DTYPES)
     parser.add_argument("--examples", type=int, default=5)
     parser.add_argument("--cell-timeout", type=float, default=1800.0)
+    parser.add_argument(
+        "--collect", action="store_true", help="run nothing: the table of the finished cells"
+    )
     for engine in ENGINES:
         parser.add_argument(
             f"--{engine}-python", default=sys.executable, help=f"interpreter that has {engine}"
@@ -256,27 +273,35 @@ def main() -> None:
     args = parser.parse_args()
     archs = args.arch or [a for a in ARCHS if a not in PLAIN]
     engines = [e for e in ENGINES if e in (args.engine or ENGINES)]
-    command = shlex.join(["PYTHONPATH=.", "python", "tools/family_matrix.py", *sys.argv[1:]])
+    flags = [a for a in sys.argv[1:] if a != "--collect"]
+    command = shlex.join(["PYTHONPATH=.", "python", "tools/family_matrix.py", *flags])
     print(f"regenerate: {command}", flush=True)
     args.work.mkdir(parents=True, exist_ok=True)
-    cells = []
+    cells: list[Cell] = []
+    pending: list[str] = []
     for dtype in args.dtype or DTYPES:
         for arch in archs:
             for engine in engines:  # hf-generate first: the reference stack calibrates
                 python = getattr(args, f"{engine.replace('-', '_')}_python")
-                cell = run_cell(
-                    arch, engine, dtype, python, args.work, args.examples, args.cell_timeout
-                )
+                if args.collect:
+                    cell = finished(arch, engine, dtype, args.work)
+                    if cell is None:
+                        pending.append(f"{arch} × {engine} × {dtype}")
+                        continue
+                else:
+                    cell = run_cell(
+                        arch, engine, dtype, python, args.work, args.examples, args.cell_timeout
+                    )
                 print(detail(cell) if cell.verdict != "pass" else f"- {arch} × {engine} × "
                       f"{dtype}: {summary(cell)}", flush=True)  # fmt: skip
                 cells.append(cell)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "matrix.md").write_text(render(cells, command, args.examples))
+    (args.out / "matrix.md").write_text(render(cells, command, args.examples, pending))
     (args.out / "matrix.json").write_text(
         json.dumps(
             {"command": command, "suites": list(SUITES), "examples": args.examples,
              "families": {a: ARCHS[a].features for a in archs},
-             "cells": [asdict(c) for c in cells]},
+             "cells": [asdict(c) for c in cells], "not_run": pending},
             indent=1,
         ) + "\n"
     )  # fmt: skip

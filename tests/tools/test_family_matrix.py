@@ -89,10 +89,13 @@ def test_the_table_has_a_column_per_engine_and_precision_run_and_a_line_per_othe
                     unreached=["sliding_window"]),
         matrix.Cell("gemma2", "vllm", "float32", 2, 30.0, "incomplete", "engine failed to start"),
     ]  # fmt: skip
-    text = matrix.render(cells, "python tools/family_matrix.py --work W", 5)
+    text = matrix.render(
+        cells, "python tools/family_matrix.py --work W", 5, ["bamba × vllm × bfloat16"]
+    )
     assert "| family | hf-generate float32 | vllm float32 |" in text
     assert "| gemma2 | — | incomplete (0.5 min) |" in text
     assert "| granite | passed (1.0 min) | NOT CERTIFIED (2.0 min) |" in text
     assert "| mistral | passed (0.1 min; not reached: sliding_window) | — |" in text
     assert "- gemma2 × vllm × float32: incomplete (exit 2): engine failed to start" in text
     assert "first past abs_diff_max at 70" in text and "vllm 0.32.0" in text
+    assert text.endswith("Not run yet (1): bamba × vllm × bfloat16.\n")
