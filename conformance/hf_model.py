@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,6 +26,10 @@ TRANSFORMERS_RELEASES = ReleaseRange("transformers", min="5.17.0", max_tested="5
 #: every place that loads a model (engine, backend, calibration, a fresh engine after a weight
 #: sync) loads one that runs
 AUTO_ATTN = "auto"
+#: model features SDPA has no term for: ``auto`` runs such a model eagerly whatever the release
+#: picks (transformers 5.19 picks SDPA for Gemma-2 and drops its attention soft-cap: 2.2 nats
+#: off a float64 forward, docs/findings/harness-gemma2-sdpa-reference.md)
+EAGER_ONLY_FEATURES = frozenset({"attention_softcap", "attention_sinks"})
 
 
 def load_causal_lm(model: Path, dtype: str, attn_implementation: str) -> PreTrainedModel:
@@ -37,7 +42,7 @@ def load_causal_lm(model: Path, dtype: str, attn_implementation: str) -> PreTrai
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    asked = None if attn_implementation == AUTO_ATTN else attn_implementation
+    asked = _resolved(model) if attn_implementation == AUTO_ATTN else attn_implementation
     try:
         lm = AutoModelForCausalLM.from_pretrained(
             str(model), dtype=torch_dtype(dtype), attn_implementation=asked
@@ -56,6 +61,19 @@ def load_causal_lm(model: Path, dtype: str, attn_implementation: str) -> PreTrai
             "`tim-conformance make-model DIR`",
         ) from exc
     return lm.to(device()).eval()
+
+
+def _resolved(model: Path) -> str | None:
+    """What :data:`AUTO_ATTN` asks transformers for: eager for a model with a feature SDPA
+    lacks, else nothing (transformers' own pick)."""
+    from conformance.models.features import model_features
+
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # from_pretrained names what is wrong with the folder
+    features = {feature.name for feature in model_features(config)}
+    return "eager" if features & EAGER_ONLY_FEATURES else None
 
 
 def attention_in_use(lm: PreTrainedModel) -> str:

@@ -54,6 +54,10 @@ class Family:
     logit_gain: float = 1.0
     #: what norm weights are drawn around: 1, or 0 for norms that scale by (1 + weight)
     norm_center: float = 1.0
+    #: the config key of the norms' epsilon: a key the family does not read is no harmless
+    #: extra, since an engine may read it (vLLM's Cohere takes ``rms_norm_eps`` as the sign to
+    #: swap its LayerNorm for an RMSNorm)
+    norm_eps_key: str = "rms_norm_eps"
 
     def config_fields(self, layers: int) -> dict[str, object]:
         fields = dict(self.config)
@@ -124,6 +128,7 @@ ARCHS: dict[str, Family] = {
         "untied head",
         {"logit_scale": 0.0625},
         logit_gain=0.0625,
+        norm_eps_key="layer_norm_eps",
     ),
     "qwen2-moe": Family(
         "qwen2_moe",
@@ -251,11 +256,11 @@ def _random_model(arch: str, seed: int, vocab: int, layers: int, hidden: int) ->
         num_key_value_heads=1,
         head_dim=HEAD_DIM,
         max_position_embeddings=MAX_POSITIONS,
-        rms_norm_eps=1e-6,
         tie_word_embeddings=family.tied,
         bos_token_id=bos,
         eos_token_id=eos,
         pad_token_id=pad,
+        **{family.norm_eps_key: 1e-6},
         **family.config_fields(layers),
     )
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

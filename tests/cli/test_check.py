@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.certify_runs import certify_interrupted
+from support.certify_runs import certify_interrupted
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "launcher-secret"

@@ -8,7 +8,7 @@ import pytest
 
 from conformance.models import ARCHS, make_model
 from conformance.models.build import ROPE_ORIGINAL_POSITIONS
-from tests.support.certify_runs import VARIANT_EXAMPLES, certify
+from support.certify_runs import VARIANT_EXAMPLES, certify
 
 pytestmark = pytest.mark.families
 

@@ -76,7 +76,7 @@ def test_certify_lists_the_choices_of_its_options_from_the_registries():
 
 
 def test_a_newly_registered_engine_is_listed_by_itself():
-    ENGINES.register("listed-by-itself", "tests.support.engines:OffByOne")
+    ENGINES.register("listed-by-itself", "conformance.engines.hf_generate:HFGenerateEngine")
     try:
         assert "listed-by-itself" in option_help(subcommand("certify"))["--engine"]
     finally:
