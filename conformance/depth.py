@@ -201,3 +201,10 @@ def depth(name: str) -> Depth:
         return DEPTHS[name]
     except KeyError:
         raise UsageError(f"unknown depth {name!r}", f"use one of: {', '.join(DEPTHS)}") from None
+
+
+__all__ = [
+    "DEPTHS",
+    "Depth",
+    "depth",
+]

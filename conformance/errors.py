@@ -47,3 +47,15 @@ class NonFiniteLogprobs(ConformanceError, ValueError):
         super().__init__(problem, fix)
         #: how many valid positions were NaN/inf (0: there was nothing valid at all)
         self.count = count
+
+
+__all__ = [
+    "ConformanceError",
+    "EngineCrashed",
+    "EngineUnavailable",
+    "ModelError",
+    "NonFiniteLogprobs",
+    "ProfileError",
+    "Unsupported",
+    "UsageError",
+]

@@ -523,3 +523,11 @@ def _zero_masked(finite: torch.Tensor, keep: torch.Tensor | None) -> torch.Tenso
 def _shifted_var(d_sum: float, d_sq_sum: float, n: int) -> float:
     """n · variance from shifted sums Σd, Σd² (clamped at 0 against rounding)."""
     return max(0.0, d_sq_sum - d_sum * d_sum / n)
+
+
+__all__ = [
+    "mismatch_metrics",
+    "pcc_bootstrap_quantile",
+    "rho_by_prob_bin",
+    "stack_ragged",
+]

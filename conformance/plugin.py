@@ -22,10 +22,16 @@ from conformance.options import STACK_OPTIONS, add_stack_options, pyproject_tabl
 from conformance.rl.options import add_training_options
 
 if TYPE_CHECKING:
+    from conformance.backends.base import Backend
+    from conformance.depth import Depth
+    from conformance.engines.base import Engine
+    from conformance.models.info import ModelInfo
     from conformance.outcome import Outcome
-    from conformance.recorder import CheckRecord
+    from conformance.profiles import Profile
+    from conformance.recorder import CheckRecord, Recorder
     from conformance.report.schema import Report
     from conformance.session import HarnessSession
+    from conformance.shared_answers import SharedAnswers
     from conformance.stack import StackSpec
 
 GROUP = "tim-conformance"
@@ -381,7 +387,7 @@ class HarnessPlugin:
         self.session.close()
         self.final_report = self.session.report.write()
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if self.final_report is None:
             return
         from conformance.summary import verdict_lines
@@ -396,7 +402,7 @@ def _is_check(item: pytest.Item) -> bool:
 
 
 @contextmanager
-def _watching_examples(item: pytest.Item, recorder: Any) -> Iterator[None]:
+def _watching_examples(item: pytest.Item, recorder: Recorder) -> Iterator[None]:
     """Bracket every example the test runs — each Hypothesis example, or the one call of a
     plain test — so the recorder knows which case failed and how long shrinking took."""
     function = getattr(item, "obj", None)
@@ -443,31 +449,31 @@ def tim(request: pytest.FixtureRequest) -> HarnessSession:
 
 
 @pytest.fixture(scope="session")
-def model(tim: HarnessSession) -> Any:
+def model(tim: HarnessSession) -> ModelInfo:
     """The model under test (``conformance.models.ModelInfo``)."""
     return tim.model_info
 
 
 @pytest.fixture(scope="session")
-def depth(tim: HarnessSession) -> Any:
+def depth(tim: HarnessSession) -> Depth:
     """How far the property search reaches (``conformance.depth.Depth``)."""
     return tim.spec.depth
 
 
 @pytest.fixture(scope="session")
-def profile(tim: HarnessSession) -> Any:
+def profile(tim: HarnessSession) -> Profile:
     """The active tolerance profile."""
     return tim.profile
 
 
 @pytest.fixture(scope="session")
-def engine(tim: HarnessSession) -> Any:
+def engine(tim: HarnessSession) -> Engine:
     """The engine under test, started once per session and closed at its end."""
     return tim.engine
 
 
 @pytest.fixture(scope="session")
-def shared_engine(tim: HarnessSession) -> Any:
+def shared_engine(tim: HarnessSession) -> SharedAnswers:
     """The engine under test for a property that needs its answer to a request, not a fresh
     one: ``generate`` (seeded) and ``score`` answer with what the engine answered an earlier
     check making the same request, once per check (``conformance.shared_answers``)."""
@@ -475,13 +481,13 @@ def shared_engine(tim: HarnessSession) -> Any:
 
 
 @pytest.fixture(scope="session")
-def backend(tim: HarnessSession) -> Any:
+def backend(tim: HarnessSession) -> Backend:
     """The training backend, built once per session."""
     return tim.backend
 
 
 @pytest.fixture(scope="session")
-def recorder(tim: HarnessSession) -> Any:
+def recorder(tim: HarnessSession) -> Recorder:
     """Records the running test's measurements into the session's results (session-scoped, so
     Hypothesis examples share it; the plugin points it at the test being run)."""
     return tim.recorder

@@ -573,3 +573,9 @@ def _first_nonfinite(train_rows: list[Any], infer_rows: list[Any], sides: tuple[
 
 def _describe(violations: Sequence[Any]) -> str:
     return "; ".join(str(v) for v in violations)
+
+
+__all__ = [
+    "CheckRecord",
+    "Recorder",
+]

@@ -83,3 +83,8 @@ class SharedAnswers:
         answer = getattr(self._engine, method)(*args)
         self._kept[key] = _Kept(copy.deepcopy(answer), asked_by=check, served={check})
         return answer
+
+
+__all__ = [
+    "SharedAnswers",
+]

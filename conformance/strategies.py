@@ -556,3 +556,38 @@ def sampling_specs(
 def precisions(names: Sequence[str] = DTYPE_NAMES) -> SearchStrategy[str]:
     """Return a strategy for precision names (``float32``, ``bfloat16``, ``float16``)."""
     return st.sampled_from(tuple(names))
+
+
+__all__ = [
+    "BATCH_KINDS",
+    "GROUP_SIZES",
+    "IGNORE_EOS",
+    "MAX_STOP_IDS",
+    "NEW_TOKENS",
+    "RUN_LENGTHS",
+    "SEEDS",
+    "TEMPERATURES",
+    "TOP_KS",
+    "TOP_ODDS",
+    "TOP_PS",
+    "BatchKind",
+    "BatchShape",
+    "PaddingSide",
+    "TopCase",
+    "at_batch_size",
+    "at_top_sizes",
+    "batch_buckets",
+    "batch_shapes",
+    "chat_text",
+    "drawing_at_top",
+    "drawing_batch_size",
+    "in_runs",
+    "log_sizes",
+    "marker_ids",
+    "precisions",
+    "sampling_specs",
+    "stop_token_ids",
+    "token_batches",
+    "token_ids",
+    "token_sequences",
+]

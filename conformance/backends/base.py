@@ -188,3 +188,11 @@ class Backend(ABC):
 
     def close(self) -> None:
         """Release what the backend holds. Idempotent."""
+
+
+__all__ = [
+    "Backend",
+    "BackendConfig",
+    "Layout",
+    "Recompute",
+]

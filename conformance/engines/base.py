@@ -416,3 +416,18 @@ class Engine(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+__all__ = [
+    "DEPRECATED_ATTRIBUTES",
+    "Completion",
+    "Engine",
+    "EngineCapabilities",
+    "EngineConfig",
+    "Knob",
+    "LogprobKind",
+    "Request",
+    "SamplingSpec",
+    "TokenBatch",
+    "parameter_groups",
+]

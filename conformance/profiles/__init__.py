@@ -327,3 +327,10 @@ def _resolve(name_or_path: str | Path) -> Path:
             f"use one of {', '.join(available_profiles())} or a path to a .toml file",
         )
     return shipped
+
+
+__all__ = [
+    "Profile",
+    "available_profiles",
+    "load_profile",
+]

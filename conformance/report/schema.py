@@ -462,3 +462,27 @@ def _dump(value: object) -> object:
     if isinstance(value, list) and value and isinstance(value[0], Record):
         return [item.to_json() for item in value]
     return value
+
+
+__all__ = [
+    "BOUND_NOTE",
+    "FAILED",
+    "SCHEMA",
+    "Check",
+    "FeatureCoverage",
+    "FieldError",
+    "Judgement",
+    "ProfileInfo",
+    "Record",
+    "Report",
+    "Shrink",
+    "Stack",
+    "Status",
+    "Timing",
+    "Verdict",
+    "Violation",
+    "as_report",
+    "is_property",
+    "load_report",
+    "parse_report",
+]
