@@ -221,3 +221,21 @@ def test_tokens_outside_the_support_and_certain_positions_are_left_out():
     score = logp_score(logp, torch.tensor([0, 1, 1]))
     assert score.z == pytest.approx(0.0) and score.p_value == pytest.approx(1.0)
     assert logp_score(logp[:1], torch.tensor([0])) == (0.0, 1.0, 1.0)
+
+
+def test_the_tails_near_the_mean_are_the_normal_s_and_continuous(logits):
+    """Rows renormalised in float32 (each sums to 1 ± 1e-7) over 4,000 positions: a sum at the
+    mean reads tails of 1/2 (before float64 renormalisation and the normal inside one standard
+    deviation, a sound run's sum 0.01 σ from its mean read p = 0), and the tails do not jump
+    where the saddlepoint takes over at |z| = 1."""
+    logp = torch.log_softmax(logits, -1)
+    lp = logp.to(torch.float64)
+    mean = float((lp.exp() * lp).sum())
+    sd = math.sqrt(float((lp.exp() * (lp - (lp.exp() * lp).sum(-1, True)) ** 2).sum()))
+    for z in (-0.01, 0.01):
+        lower, upper, _ = logp_sum_tails(logp, mean + z * sd)
+        assert lower + upper == pytest.approx(1.0) and upper == pytest.approx(0.5, abs=0.01)
+    for z in (-1.0, 1.0):
+        inside = logp_sum_tails(logp, mean + 0.999 * z * sd)[:2]
+        outside = logp_sum_tails(logp, mean + 1.001 * z * sd)[:2]
+        assert outside == pytest.approx(inside, abs=0.01)
