@@ -19,13 +19,18 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from conformance.backends import BACKENDS
 from conformance.engines import ENGINES
 from conformance.errors import ConformanceError, EngineCrashed, EngineUnavailable, UsageError
 from conformance.metric_table import breach
 from conformance.outcome import first_line
+
+if TYPE_CHECKING:
+    from conformance.backends.base import BackendConfig
+    from conformance.engines.base import Completion, EngineConfig, Request, SamplingSpec
 
 #: attributes that are answered by the component itself, never guarded or timed
 _UNGUARDED = frozenset({"info", "artefacts", "knobs", "close", "name", "config", "options"})
@@ -95,7 +100,7 @@ def check_answer(
             )
 
 
-def _request_problem(request: Any, completion: Any) -> str:
+def _request_problem(request: Request, completion: Completion) -> str:
     """How a completion does not answer its request (``Engine.generate_requests``), or ``""``:
     its prompt echoed, a log-prob per token, top log-probs per token exactly where asked."""
     if list(completion.prompt) != list(request.prompt):
@@ -113,7 +118,7 @@ def _request_problem(request: Any, completion: Any) -> str:
     return ""
 
 
-def _ending_problem(completion: Any, spec: Any, eos_token_id: int | None) -> str:
+def _ending_problem(completion: Completion, spec: SamplingSpec, eos_token_id: int | None) -> str:
     """How a completion's end contradicts its ``finish_reason`` and the spec, or ``""``.
 
     ``"length"`` means ``max_new_tokens`` tokens; ``"stop"`` a rollout whose last token is a
@@ -151,7 +156,7 @@ class Terminated(KeyboardInterrupt):
 _deferred: list[str] = []
 
 
-def _exceptions_dropped_in(frame: Any) -> bool:
+def _exceptions_dropped_in(frame: FrameType | None) -> bool:
     """Whether an exception raised in ``frame`` would be printed and dropped, not propagated:
     the frame runs inside a ``gc.callbacks`` function or a finalizer."""
     callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
@@ -181,7 +186,7 @@ def sigterm_as_interrupt(on_term: Callable[[], None] | None = None) -> Iterator[
         yield taken
         return
 
-    def terminate(signum: int, frame: Any) -> None:
+    def terminate(signum: int, frame: FrameType | None) -> None:
         taken.append("SIGTERM")
         if on_term is not None:
             on_term()
@@ -210,7 +215,7 @@ def deadline(seconds: float | None, what: str) -> Iterator[None]:
         yield
         return
 
-    def expire(signum: int, frame: Any) -> None:
+    def expire(signum: int, frame: FrameType | None) -> None:
         raise CallTimedOut(f"{what} did not return within {seconds:g} s (hung)")
 
     previous = signal.signal(signal.SIGALRM, expire)
@@ -323,7 +328,7 @@ class Guarded:
 def start(
     kind: str,
     name: str,
-    config: Any,
+    config: EngineConfig | BackendConfig,
     *,
     start_timeout: float | None = None,
     call_timeout: float | None = None,
@@ -373,8 +378,12 @@ def start(
 
 @contextmanager
 def started(
-    engine: str, engine_config: Any, backend: str, backend_config: Any, **guarding: Any
-) -> Iterator[tuple[Any, Any]]:
+    engine: str,
+    engine_config: EngineConfig,
+    backend: str,
+    backend_config: BackendConfig,
+    **guarding: Any,
+) -> Iterator[tuple[Guarded, Guarded]]:
     """The engine and backend registered as ``engine`` and ``backend``, started by
     :func:`start` (``guarding``: its keyword arguments) and closed when the block ends, both
     of them whatever fails: the one place a stack is started and stopped as a pair."""

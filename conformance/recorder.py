@@ -24,7 +24,9 @@ from conformance.outcome import ProfileViolation, PropertyFailure, origin
 if TYPE_CHECKING:
     import torch
 
+    from conformance.engines.base import SamplingSpec
     from conformance.profiles import Profile
+    from conformance.strategies import BatchShape
 
 #: token-level points kept per check for the report's plots; the rest stay in results.jsonl
 MAX_SAMPLES = 2000
@@ -187,8 +189,8 @@ class Recorder:
     def case(
         self,
         prompts: Sequence[Sequence[int]],
-        shape: Any = None,
-        sampling: Any = None,
+        shape: BatchShape | None = None,
+        sampling: SamplingSpec | None = None,
         **extra: Any,
     ) -> dict[str, Any]:
         """Announce the running example's reproducer — prompt ids, batch shape, sampling spec
@@ -523,7 +525,9 @@ def _one_example(test: Any) -> Iterator[None]:
         test._hypothesis_internal_use_settings = drawn
 
 
-def reached_sizes(prompts: Sequence[Sequence[int]], shape: Any, sampling: Any) -> dict[str, int]:
+def reached_sizes(
+    prompts: Sequence[Sequence[int]], shape: BatchShape | None, sampling: SamplingSpec | None
+) -> dict[str, int]:
     """The sizes one example drew, by the run-shape limit each is held against: longest prompt,
     batch, GRPO group (grouped batches only) and rollout length asked for; and the longest
     sequence (prompt and rollout), which says which of the model's features it reached
@@ -548,7 +552,9 @@ def context_keys(sequence: Sequence[int]) -> list[int]:
     return keys
 
 
-def _safe_metrics(compute: Callable[..., dict[str, float]], *tensors: Any) -> dict[str, float]:
+def _safe_metrics(
+    compute: Callable[..., dict[str, float]], *tensors: torch.Tensor
+) -> dict[str, float]:
     """Metrics, or just the count when every token is NaN/inf (nothing else is defined)."""
     try:
         return compute(*tensors)
@@ -558,7 +564,9 @@ def _safe_metrics(compute: Callable[..., dict[str, float]], *tensors: Any) -> di
         return {"nonfinite_tokens": float(exc.count)}
 
 
-def _first_nonfinite(train_rows: list[Any], infer_rows: list[Any], sides: tuple[str, str]) -> str:
+def _first_nonfinite(
+    train_rows: list[torch.Tensor], infer_rows: list[torch.Tensor], sides: tuple[str, str]
+) -> str:
     """Where the first NaN/inf is, and on which side, for the failure message."""
     import torch
 
