@@ -26,6 +26,8 @@ from conformance.rl.options import add_training_options, pytest_args, training_v
 from conformance.suites_location import suites_folder
 
 if TYPE_CHECKING:
+    import pytest
+
     from conformance.stack import StackSpec
 
 DEFAULT_SEED = 0
@@ -184,7 +186,7 @@ _BEFORE_SUITES = {
 
 
 def _interrupted_before_suites(
-    spec: Any, out: Path, seed: int, signal_name: str, stage: str
+    spec: StackSpec, out: Path, seed: int, signal_name: str, stage: str
 ) -> int:
     """An incomplete run's report (no check ran) for a certify cut short before its suites."""
     from conformance.session import HarnessSession
@@ -225,7 +227,13 @@ PYTEST_LOG = "pytest.log"
 
 
 def _run_suites(
-    spec: Any, suites: list[Path], out: Path, seed: int, extra: list[str], *, verbose: bool
+    spec: StackSpec,
+    suites: list[Path],
+    out: Path,
+    seed: int,
+    extra: list[str],
+    *,
+    verbose: bool,
 ) -> int:
     """pytest's exit code for the suites run on ``spec``, reporting into ``out``. The plugin
     takes ``spec`` as it is (:class:`~conformance.plugin.PreparedStack`): built and
@@ -335,7 +343,7 @@ class _Progress:
         self.write = write
         self.started = False
 
-    def pytest_runtest_logreport(self, report: Any) -> None:
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" or not report.passed:
             if not self.started:
                 self.write("tim-conformance: running ")
