@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from support.certify_runs import certify_interrupted
 
 REPO = Path(__file__).resolve().parents[2]

@@ -5,10 +5,10 @@ reached by some check; a run too short to reach a feature is NOT CERTIFIED for i
 from __future__ import annotations
 
 import pytest
+from support.certify_runs import VARIANT_EXAMPLES, certify
 
 from conformance.models import ARCHS, make_model
 from conformance.models.build import ROPE_ORIGINAL_POSITIONS
-from support.certify_runs import VARIANT_EXAMPLES, certify
 
 pytestmark = pytest.mark.families
 
