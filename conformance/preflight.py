@@ -63,6 +63,7 @@ def preflight(spec: StackSpec) -> StackSpec:
             shape.name,
             cap=_calibration_cap(spec.depth, base, context),
             max_tokens=shape.max_batch_tokens if shape.budget != "depth" else None,
+            attn_implementation=costed.backend_attn,
         )
         return replace(costed, profile=str(own), profile_named=True)
     releases.warn(foreign)

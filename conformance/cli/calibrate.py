@@ -22,6 +22,8 @@ device is not the one it was measured on.
 
 def add_parser(subparsers: Any) -> None:
     from conformance.dtypes import dtype_spellings
+    from conformance.hf_model import AUTO_ATTN
+    from conformance.options import ATTN_CHOICES
     from conformance.profiles.calibrate import DEPTH_BATCHES
 
     parser = subparsers.add_parser(
@@ -85,6 +87,13 @@ def add_parser(subparsers: Any) -> None:
         help="measure a batch of more tokens as the two certify draws in its place (match "
         "the budget certify prints, e.g. a costly model's on a CPU; default: the depth's)",
     )
+    parser.add_argument(
+        "--backend-attn",
+        choices=ATTN_CHOICES,
+        default=AUTO_ATTN,
+        help="the attention implementation both sides load the model with (match certify's "
+        "--backend-attn; default: %(default)s, the one transformers picks for the model)",
+    )
     parser.add_argument("--out", type=Path, required=True, help="the profile .toml to write")
     parser.set_defaults(func=run)
 
@@ -122,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
         depth=args.depth,
         cap=cap,
         max_tokens=args.max_batch_tokens,
+        attn_implementation=args.backend_attn,
     )
     print(
         f"tim-conformance: calibrating {engine_dtype} hf-generate vs "
@@ -136,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
             *(a for model in args.model or plan.models for a in ("--model", str(model))),
             "--engine-dtype", engine_dtype,
             *(a for dtype in plan.backend_dtypes for a in ("--backend-dtype", dtype)),
-            "--depth", plan.depth, *cap_flags(plan.cap, plan.max_tokens), "--out", str(args.out),
+            "--depth", plan.depth, *cap_flags(plan.cap, plan.max_tokens, plan.attn_implementation),
+            "--out", str(args.out),
         ]
     )  # fmt: skip
     args.out.write_text(render_profile(plan, measured, provenance(plan, infos, command)))

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conformance.hf_model import AUTO_ATTN
 from conformance.metric_table import METRICS, Metric, metric
 from conformance.strategies import RUN_LENGTHS, chat_text, in_runs, marker_ids
 from conformance.suite_support import ROLLOUT_SUITES
@@ -125,6 +126,10 @@ class Plan:
     #: the run's tokens per batch (``Depth.max_batch_tokens``): a batch above it is measured as
     #: the two the suites draw at the top sizes in its place (:func:`within_tokens`)
     max_tokens: int | None = None
+    #: the attention implementation both sides of the reference stack load the model with: a
+    #: stack's ``--backend-attn``, so a model that loads with one implementation only (eager
+    #: for Gemma-2's soft-cap) is calibrated the way it is certified
+    attn_implementation: str = AUTO_ATTN
 
     @property
     def factor(self) -> float:
@@ -237,7 +242,10 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measureme
         markers = marker_ids(info.vocab_size, info.special_token_ids)
         chat = _chat_prompts(info)
         label = f"{info.arch} {info.path.name}"
-        engine_config = EngineConfig(model=info.path, dtype=plan.engine_dtype)
+        attention = plan.attn_implementation
+        engine_config = EngineConfig(
+            model=info.path, dtype=plan.engine_dtype, options={"attn_implementation": attention}
+        )
         runs: list[_EngineRun] = []
         # the reference stack, started as every stack is (through the registry, guarded)
         eos = info.eos_token_id
@@ -246,7 +254,9 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measureme
                 runs.append(run)
                 tick(f"{plan.engine_dtype} engine, {label}", run)
         for backend_dtype in plan.backend_dtypes:
-            backend_config = BackendConfig(model=info.path, dtype=backend_dtype)
+            backend_config = BackendConfig(
+                model=info.path, dtype=backend_dtype, attn_implementation=attention
+            )
             # the engine closed first: a user's model may not fit twice
             with closing(start("backend", REFERENCE[1], backend_config)) as backend:
                 for run in runs:
@@ -430,6 +440,7 @@ def provenance(plan: Plan, infos: Sequence[Any], command: str) -> dict[str, Any]
         "engine_dtype": plan.engine_dtype,
         "backend_dtypes": list(plan.backend_dtypes),
         "depth": plan.depth,
+        "attn_implementation": plan.attn_implementation,
         "batches": [list(batch) for batch in fitted_batches(plan, infos)],
         "sampling_seeds": list(plan.sampling_seeds),
         "factor": plan.factor,

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conformance.hf_model import AUTO_ATTN
 from conformance.profiles.calibrate import (
     METHOD,
     Batch,
@@ -45,15 +46,20 @@ def cached_profile_path(
         [model_sha256, device.get("kind"), device.get("name"), plan.engine_dtype,
          list(plan.backend_dtypes), plan.depth, version, METHOD,
          *([list(plan.cap)] if plan.cap else []),
-         *([{"max_tokens": plan.max_tokens}] if plan.max_tokens else [])]
+         *([{"max_tokens": plan.max_tokens}] if plan.max_tokens else []),
+         *([{"attn": plan.attn_implementation}] if plan.attn_implementation != AUTO_ATTN else [])]
     )  # fmt: skip
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_root() / "profiles" / f"own-{model_sha256[:12]}-{digest}.toml"
 
 
-def cap_flags(cap: Batch | None, max_tokens: int | None = None) -> list[str]:
-    """The calibrate flags that give ``cap`` and ``max_tokens``."""
+def cap_flags(
+    cap: Batch | None, max_tokens: int | None = None, attn_implementation: str = AUTO_ATTN
+) -> list[str]:
+    """The calibrate flags that give ``cap``, ``max_tokens`` and the attention implementation."""
     flags = ["--max-batch-tokens", str(max_tokens)] if max_tokens else []
+    if attn_implementation != AUTO_ATTN:
+        flags += ["--backend-attn", attn_implementation]
     if cap is None:
         return flags
     batch, prompt_len, new_tokens = cap
@@ -76,13 +82,15 @@ def own_profile(
     *,
     cap: Batch | None = None,
     max_tokens: int | None = None,
+    attn_implementation: str = AUTO_ATTN,
 ) -> Path:
     """The own profile of the model ``info`` describes, for this precision and depth on this
     device: read from the cache, else calibrated (as ``tim-conformance calibrate`` does,
     progress line by line) and cached. The calibration's backends are calibrate's default for
     the engine precision and the stack's own backend precision; ``cap`` (prompts, prompt
     length, new tokens) is a run's own shape where it is smaller than the depth's batches,
-    ``max_tokens`` the run's tokens per batch where it is not the depth's."""
+    ``max_tokens`` the run's tokens per batch where it is not the depth's,
+    ``attn_implementation`` the stack's ``--backend-attn``."""
     from conformance import __version__
     from conformance.host import device_info
 
@@ -95,6 +103,7 @@ def own_profile(
         depth=depth,
         cap=cap,
         max_tokens=max_tokens,
+        attn_implementation=attn_implementation,
     )
     path = cached_profile_path(info.sha256, device_info(), plan, __version__)
     if path.is_file():
@@ -111,7 +120,8 @@ def own_profile(
         [
             "tim-conformance", "calibrate", "--model", str(model), "--engine-dtype", engine_dtype,
             *(a for dtype in backends for a in ("--backend-dtype", dtype)),
-            "--depth", depth, *cap_flags(cap, max_tokens), "--out", str(path),
+            "--depth", depth, *cap_flags(cap, max_tokens, attn_implementation),
+            "--out", str(path),
         ]
     )  # fmt: skip
     text = render_profile(plan, measured, provenance(plan, infos, command))

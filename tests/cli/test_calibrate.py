@@ -192,6 +192,16 @@ def test_without_a_profile_a_model_the_shipped_ones_never_saw_gets_its_own(
         "--suite", "rollout_parity", *VARIANT_EXAMPLES, env=env, out=tmp_path / "embedded"
     )
     assert code == 0 and embedded["profile"]["name"] == "fp32"
+    # an attention implementation the stack names is the one its profile is calibrated with
+    code, eager, output = certify(*args, "--backend-attn", "eager", env=env, out=tmp_path / "eager")
+    assert code == 0 and "calibrating" in output, output[-3000:]
+    provenance = eager["profile"]["provenance"]
+    assert eager["profile"]["source"] != profile["source"]
+    assert (
+        provenance["attn_implementation"] == "eager"
+        and profile["provenance"]["attn_implementation"] == "auto"
+    )
+    assert "--backend-attn eager" in provenance["command"]
 
 
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
