@@ -23,10 +23,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal, Self, Union
+from typing import TYPE_CHECKING, Any, Literal, Self, Union
 
 from conformance.errors import UsageError
 from conformance.metric_table import BY_NAME, Bound, Breach
+
+if TYPE_CHECKING:
+    from conformance.profiles import Profile
 
 SCHEMA = 1
 
@@ -246,6 +249,21 @@ class ProfileInfo(Record):
     #: the one line saying the stack's model or device is not the one the profile was
     #: calibrated on; None when it is, or when the profile records no provenance
     foreign: str | None = None
+
+    @classmethod
+    def of(cls, profile: Profile, foreign: str | None = None) -> Self:
+        """The record of a loaded profile; ``foreign`` is its ``foreign_to`` line for the
+        run's model and device."""
+        return cls(
+            name=profile.name,
+            source=str(profile.source),
+            thresholds=profile.thresholds,
+            suites=profile.suites,
+            min_pooled_tokens=profile.min_pooled_tokens,
+            max_pooled_tokens=profile.max_pooled_tokens,
+            provenance=profile.provenance or None,
+            foreign=foreign,
+        )
 
 
 @dataclass(kw_only=True)

@@ -30,15 +30,7 @@ SUITE = "rollout_parity"
 
 
 def profile_info(name: str) -> ProfileInfo:
-    profile = load_profile(name)
-    return ProfileInfo(
-        name=profile.name,
-        source=str(profile.source),
-        thresholds=profile.thresholds,
-        suites=profile.suites,
-        min_pooled_tokens=profile.min_pooled_tokens,
-        max_pooled_tokens=profile.max_pooled_tokens,
-    )
+    return ProfileInfo.of(load_profile(name))
 
 
 def judged_check(name: str, metrics: dict[str, float], tokens: int, profile: str = "fp32") -> Check:
