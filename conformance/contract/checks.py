@@ -8,8 +8,8 @@ mixed batch of requests each under its own parameters,
 fp32 profile of the fp32 backend, a bf16 engine outside it and within bf16's, raw log-probs at
 any temperature, processed log-probs flagged by their temperature signature.
 
-Engines start through :class:`HarnessSession`, as certify starts them (registry, guard,
-timing), once per configuration. A configuration the engine refuses with
+Engines start through a :class:`~conformance.started_stack.StartedStack`, as certify starts
+them (registry, guard, timing), once per configuration. A configuration the engine refuses with
 :class:`~conformance.engines.Unsupported`, and a call it declares unsupported, skip with the
 engine's own reason. A test module uses the checks by importing them (``from
 conformance.contract.checks import *``) next to a ``subject`` fixture giving a
@@ -40,8 +40,8 @@ from conformance.errors import EngineCrashed, EngineUnavailable, UsageError
 from conformance.guard import start
 from conformance.metrics import mismatch_metrics, stack_ragged
 from conformance.profiles import load_profile
-from conformance.session import HarnessSession
 from conformance.stack import StackSpec
+from conformance.started_stack import StartedStack
 
 __all__ = [
     "Subject",
@@ -83,7 +83,7 @@ class Subject:
         self.options = options or {}
         #: the in-process engine whose numbers this server engine must reproduce exactly
         self.twin = twin
-        self._sessions: dict[tuple[str, str, LogprobKind, str], HarnessSession] = {}
+        self._sessions: dict[tuple[str, str, LogprobKind, str], StartedStack] = {}
 
     def engine(
         self,
@@ -108,7 +108,7 @@ class Subject:
                 logprobs=logprobs,
                 engine_options=self.options,
             )
-            self._sessions[key] = HarnessSession(spec, seed=0, report_dir=None, command="")
+            self._sessions[key] = StartedStack(spec, log=_unlogged, current_check=lambda: None)
         try:
             return self._sessions[key].engine
         except EngineUnavailable as exc:
@@ -126,6 +126,10 @@ class Subject:
     def close(self) -> None:
         for session in self._sessions.values():
             session.close()
+
+
+def _unlogged(**event: Any) -> None:
+    """A contract run keeps no results.jsonl: its verdict is pytest's."""
 
 
 @pytest.fixture(scope="module")
