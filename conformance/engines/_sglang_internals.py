@@ -13,6 +13,7 @@ import atexit
 import logging
 import signal
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 log = logging.getLogger("conformance.engines.sglang")
@@ -38,20 +39,20 @@ def detach(engine: Any) -> bool:
     return True
 
 
-def keep_sigterm(engine: Any, handler: Any) -> bool:
-    """Put ``handler`` (SIGTERM's handler before the engine started: the harness's, which ends
-    the session as Ctrl-C does and writes the report) back as SIGTERM's handler in place of the
-    one SGLang installs on its event loop. Returns whether SGLang's was removed.
+def keep_handlers(engine: Any, handlers: Mapping[signal.Signals, Any]) -> bool:
+    """Put ``handlers`` in place of the handlers SGLang installs on its event loop for the same
+    signals. Returns whether SGLang's were removed.
 
     ``TokenizerManager.auto_create_handle_loop`` (checked on 0.5.23), run on an engine's first
-    request, adds a loop handler for SIGTERM that only flags a graceful exit for its own
-    ``sigterm_watchdog`` (which drains requests, then kills this process's children), so a
-    SIGTERM mid-run (CI's timeout) never ended the session: on 0.5.23, a certify sent SIGTERM
-    after its first example went on through all 500 and exited 0 with its verdict. The handling
-    is set up here, before any request, on the loop ``Engine.loop`` runs requests on (outside a
-    running loop, SGLang would make a new one that nothing runs), and SGLang's handler removed.
-    A release without these parts, or a call off the main thread (where SGLang adds no
-    handler), leaves things as they are."""
+    request, adds loop handlers for SIGTERM and SIGQUIT. SIGTERM's only flags a graceful exit for
+    its own ``sigterm_watchdog`` (which drains requests, then kills this process's children), so
+    a SIGTERM mid-run (CI's timeout) never ended the session: on 0.5.23, a certify sent SIGTERM
+    after its first example went on through all 500 and exited 0 with its verdict. SIGQUIT's,
+    which a failing child sends, kills this process's whole tree, the harness with it, before it
+    writes its report. The handling is set up here, before any request, on the loop
+    ``Engine.loop`` runs requests on (outside a running loop, SGLang would make a new one that
+    nothing runs), and SGLang's handlers removed. A release without these parts, or a call off
+    the main thread (where SGLang adds no handler), leaves things as they are."""
     manager = getattr(engine, "tokenizer_manager", None)
     create = getattr(manager, "auto_create_handle_loop", None)
     loop = getattr(engine, "loop", None)
@@ -61,11 +62,13 @@ def keep_sigterm(engine: Any, handler: Any) -> bool:
     async def create_on_the_engines_loop() -> bool:
         create()
         # uvloop's loop (SGLang's) removes a handler only while it runs
-        return asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
+        running = asyncio.get_running_loop()
+        return all([running.remove_signal_handler(number) for number in handlers])
 
     removed = loop.run_until_complete(create_on_the_engines_loop())
     if removed:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if handler is None else handler)
+        for number, handler in handlers.items():
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)
     return removed
 
 

@@ -57,8 +57,11 @@ class SGLangEngine(Engine):
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         sigterm = signal.getsignal(signal.SIGTERM)
         try:
-            self._engine = sglang.Engine(**common.server_args(config, self.options))
-        except RuntimeError as exc:
+            self._engine = sglang.Engine(
+                **common.server_args(config, self.options), custom_sigquit_handler=_child_failed
+            )
+        except (RuntimeError, EngineCrashed) as exc:
+            _stop([p for p in psutil.Process().children(recursive=True) if p.pid not in before])
             raise EngineUnavailable(
                 f"SGLang's engine failed to start ({str(exc).splitlines()[0]})",
                 "see the scheduler's log above; check the install (tox -e sglang)",
@@ -67,7 +70,9 @@ class SGLangEngine(Engine):
         self._children = [
             p for p in psutil.Process().children(recursive=True) if p.pid not in before
         ]
-        internals.keep_sigterm(self._engine, sigterm)
+        internals.keep_handlers(
+            self._engine, {signal.SIGTERM: sigterm, signal.SIGQUIT: _child_failed}
+        )
 
     def _run(self, request: dict[str, Any]) -> list[dict[str, Any]]:
         """The engine's replies to ``request``, their retractions counted."""
@@ -120,7 +125,6 @@ class SGLangEngine(Engine):
         ``sglang.Engine.shutdown`` kills every child of this process: other SGLang engines'
         schedulers (whose watchdogs then SIGQUIT this process) and servers the harness started.
         """
-        import psutil
 
         if self._engine is None:
             return
@@ -128,11 +132,29 @@ class SGLangEngine(Engine):
         # SGLang registered shutdown for interpreter exit, with the same blanket kill
         internals.detach(engine)
         internals.release_ipc(engine)
-        for child in self._children:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                child.terminate()
-        _, alive = psutil.wait_procs(self._children, timeout=15)
-        for child in alive:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                child.kill()
-        psutil.wait_procs(alive, timeout=15)
+        _stop(self._children)
+
+
+def _child_failed(signum: int, frame: object) -> None:
+    """SIGQUIT's handler while an SGLang engine lives in this process. SGLang's children send it
+    when one fails, and SGLang's own handler then kills this process's whole tree, the harness
+    with it, before the report is written. Raised here instead, the start or call in progress
+    fails as a crash, and the run ends incomplete with what it measured."""
+    raise EngineCrashed(
+        "a process of the SGLang engine failed and signalled this one (SIGQUIT)",
+        "its error is in the scheduler's log above; what was measured is kept",
+    )
+
+
+def _stop(processes: list[Any]) -> None:
+    """Terminate ``processes``, then kill those left after 15 s, and reap them."""
+    import psutil
+
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.terminate()
+    _, alive = psutil.wait_procs(processes, timeout=15)
+    for process in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(alive, timeout=15)

@@ -90,6 +90,9 @@ ARCHS: dict[str, Family] = {
             "final_logit_softcapping": 10.0,
             "attn_logit_softcapping": 2.0,
             "query_pre_attn_scalar": HEAD_DIM,
+            # the hub's Gemma-2 configs name the activation under both keys: transformers reads
+            # hidden_activation, SGLang's Gemma-2 hidden_act
+            "hidden_act": "gelu_pytorch_tanh",
         },
         layer_pattern=SLIDING_THEN_FULL,
         tied=True,

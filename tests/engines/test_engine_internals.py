@@ -63,7 +63,7 @@ def test_an_sglang_engine_without_a_watchdog_is_detached_without_error() -> None
 def test_an_sglang_engine_without_a_handle_loop_leaves_sigterm_as_it_is() -> None:
     """A release whose tokenizer manager has no ``auto_create_handle_loop``: nothing swapped."""
     before = signal.getsignal(signal.SIGTERM)
-    assert sglang_internals.keep_sigterm(_Held(), None) is False
+    assert sglang_internals.keep_handlers(_Held(), {signal.SIGTERM: None}) is False
     assert signal.getsignal(signal.SIGTERM) is before
 
 
@@ -242,7 +242,7 @@ def test_sigterm_reaches_the_handler_set_before_an_sglang_engine_started(
     default_model: Path,
 ) -> None:
     """0.5.23 adds a SIGTERM handler to its event loop on an engine's first request,
-    one that only flags a graceful exit (``keep_sigterm``). After the engine has served a
+    one that only flags a graceful exit (``keep_handlers``). After the engine has served a
     request, a SIGTERM still reaches the handler this process had before it started."""
 
     def handler(signum: int, frame: Any) -> None:

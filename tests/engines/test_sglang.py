@@ -6,16 +6,21 @@ An engine start takes one to two minutes on two busy cores: the module starts on
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.certify_runs import certify
 from support.engine_tests import needs, over_budget, started
 
 from conformance.engines import SamplingSpec
 from conformance.engines import _sglang_common as common
+from conformance.errors import EngineCrashed
 from conformance.metrics import mismatch_metrics, stack_ragged
+from conformance.models import make_model
 
 pytestmark = needs("sglang")
 
@@ -81,3 +86,36 @@ def test_a_kv_budget_makes_sglang_retract(engine, default_model: Path) -> None:
     options = {**declared.kv_budget_requires, declared.kv_budget_option: "256"}
     with started("sglang", default_model, options=options) as budgeted:
         assert over_budget(budgeted) > 0
+
+
+def test_a_sigquit_from_a_failing_child_is_a_crash_of_the_call_not_of_this_process(
+    engine,
+) -> None:
+    """SGLang's children SIGQUIT this process when one fails; SGLang's handler then killed the
+    whole process tree, the harness with it, before any report was written. The engine's
+    handler raises a crash in whatever call is running instead: this process lives, and an
+    engine whose children are in fact fine goes on serving."""
+    with pytest.raises(EngineCrashed, match="SIGQUIT"):
+        os.kill(os.getpid(), signal.SIGQUIT)
+        engine.generate([[5, 6, 7, 8]], SamplingSpec(max_new_tokens=4, seed=3))
+    assert len(engine.generate([[5, 6, 7, 8]], SamplingSpec(max_new_tokens=4))[0].tokens) == 4
+
+
+def test_a_model_sglang_cannot_load_ends_the_run_incomplete_with_its_report(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """SGLang 0.5.23 has no Bamba: its scheduler dies loading the model and SIGQUITs this
+    process (a certify of it ended with exit -9 and no report.json). The run is incomplete with
+    SGLang's reason, its report written, no process of the engine left."""
+    import psutil
+
+    model = make_model(tmp_path / "bamba", arch="bamba").path
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    code, report, output = certify(
+        "--model", str(model), "--engine", "sglang", "--profile", "fp32",
+        "--suite", "prefill_parity", "--examples", "1", env=cli_env, out=tmp_path / "run",
+    )  # fmt: skip
+    assert code == 2, output[-3000:]
+    assert report["verdict"] == "incomplete"
+    assert "SGLang's engine failed to start" in report["reason"], report["reason"]
+    assert [p for p in psutil.Process().children(recursive=True) if p.pid not in before] == []
