@@ -54,3 +54,19 @@ def implied_profile(engine_dtype: str, backend_dtype: str, *, moe: bool = False)
     dtypes = {canonical_dtype(engine_dtype), canonical_dtype(backend_dtype)}
     coarsest = next(d for d in _COARSENESS if d in dtypes)
     return f"moe-{_PROFILE_OF[coarsest]}" if moe else _PROFILE_OF[coarsest]
+
+
+#: an engine's ``kv_cache_dtype`` option value (vLLM's and SGLang's spelling) → the format its
+#: cache holds (``conformance.floor.KV_CACHE_FORMATS``; ``fp8`` is e4m3 on both); ``auto`` and
+#: the rest keep the model's precision
+ENGINE_KV_FORMATS = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+
+
+def engine_kv_format(option: object) -> str | None:
+    """The format an engine's ``kv_cache_dtype`` option value stores its cache in; None where
+    it keeps the model's precision.
+
+    >>> engine_kv_format("fp8"), engine_kv_format("auto"), engine_kv_format(None)
+    ('fp8_e4m3', None, None)
+    """
+    return ENGINE_KV_FORMATS.get(str(option)) if option is not None else None

@@ -325,10 +325,17 @@ def kv_rounded_model(
     caches them in that format."""
     from conformance.hf_model import load_causal_lm
 
+    return load_causal_lm(Path(model), dtype, kv_rounded_attention(kv_format, rounding))
+
+
+def kv_rounded_attention(kv_format: str, rounding: str = "nearest") -> str:
+    """The name of a transformers attention implementation, registered on this call, that
+    rounds keys and values to ``kv_format`` (:func:`round_to`) before SDPA: what a model loaded
+    with it (``attn_implementation=``) computes is what an engine caching in the format does."""
     fmt = _kv_format(kv_format)
     if rounding not in KV_ROUNDINGS:
         raise UsageError(f"unknown rounding {rounding!r}", f"use one of {', '.join(KV_ROUNDINGS)}")
-    return load_causal_lm(Path(model), dtype, _register_kv_rounding(kv_format, fmt, rounding))
+    return _register_kv_rounding(kv_format, fmt, rounding)
 
 
 def _kv_format(name: str) -> torch.dtype:
@@ -358,9 +365,11 @@ def round_to(x: torch.Tensor, fmt: torch.dtype, rounding: str = "nearest") -> to
 
 def _register_kv_rounding(name: str, fmt: torch.dtype, rounding: str) -> str:
     """Register with transformers an attention implementation that rounds keys and values to
-    ``fmt`` before SDPA; its name."""
+    ``fmt`` before SDPA, with SDPA's masks (an implementation without a mask function of its
+    own gets no mask at all: padding and sliding windows ignored); its name."""
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     def attention(module, query, key, value, *args, **kwargs):  # type: ignore[no-untyped-def]
         key, value = (round_to(x, fmt, rounding) for x in (key, value))
@@ -368,6 +377,7 @@ def _register_kv_rounding(name: str, fmt: torch.dtype, rounding: str) -> str:
 
     registered = f"sdpa_kv_{name}_{rounding}"
     AttentionInterface.register(registered, attention)
+    AttentionMaskInterface.register(registered, sdpa_mask)
     return registered
 
 

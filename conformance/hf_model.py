@@ -66,14 +66,21 @@ def load_causal_lm(model: Path, dtype: str, attn_implementation: str) -> PreTrai
 def _resolved(model: Path) -> str | None:
     """What :data:`AUTO_ATTN` asks transformers for: eager for a model with a feature SDPA
     lacks, else nothing (transformers' own pick)."""
+    return "eager" if needs_eager(model) else None
+
+
+def needs_eager(model: Path) -> bool:
+    """Whether the model in the folder has a feature SDPA has no term for
+    (:data:`EAGER_ONLY_FEATURES`); False for a folder whose config cannot be read
+    (``from_pretrained`` names what is wrong with it)."""
     from conformance.models.features import model_features
 
     try:
         config = json.loads((Path(model) / "config.json").read_text())
     except (OSError, ValueError):
-        return None  # from_pretrained names what is wrong with the folder
+        return False
     features = {feature.name for feature in model_features(config)}
-    return "eager" if features & EAGER_ONLY_FEATURES else None
+    return bool(features & EAGER_ONLY_FEATURES)
 
 
 def attention_in_use(lm: PreTrainedModel) -> str:

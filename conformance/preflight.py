@@ -16,6 +16,7 @@ from typing import Any
 from conformance import releases
 from conformance.backends import BACKENDS
 from conformance.depth import Depth, depth, forward_weights
+from conformance.dtypes import engine_kv_format
 from conformance.engines import ENGINES
 from conformance.errors import UsageError
 from conformance.host import device_info
@@ -51,7 +52,9 @@ def preflight(spec: StackSpec) -> StackSpec:
         # once per process, as the warnings are
         releases.warn(f"drawing at depth {costed.depth.describe()}")
     foreign = profile.foreign_to(model.sha256, device)
-    if foreign and not spec.profile_named:
+    # the shipped profiles hold caches in the model's precision: a lossy cache needs its own
+    kv_format = engine_kv_format(spec.engine_options.get("kv_cache_dtype"))
+    if (foreign or kv_format) and not spec.profile_named:
         # calibration (and Hypothesis, which it draws with) is loaded only where it runs
         from conformance.profiles.own import own_profile
 
@@ -64,6 +67,7 @@ def preflight(spec: StackSpec) -> StackSpec:
             cap=_calibration_cap(spec.depth, base, context),
             max_tokens=shape.max_batch_tokens if shape.budget != "depth" else None,
             attn_implementation=costed.backend_attn,
+            kv_format=kv_format,
         )
         return replace(costed, profile=str(own), profile_named=True)
     releases.warn(foreign)

@@ -22,6 +22,7 @@ device is not the one it was measured on.
 
 def add_parser(subparsers: Any) -> None:
     from conformance.dtypes import dtype_spellings
+    from conformance.floor import KV_CACHE_FORMATS
     from conformance.hf_model import AUTO_ATTN
     from conformance.options import ATTN_CHOICES
     from conformance.profiles.calibrate import DEPTH_BATCHES
@@ -94,6 +95,13 @@ def add_parser(subparsers: Any) -> None:
         help="the attention implementation both sides load the model with (match certify's "
         "--backend-attn; default: %(default)s, the one transformers picks for the model)",
     )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=tuple(KV_CACHE_FORMATS),
+        help="the format the engine caches keys and values in: the reference engine's are "
+        "rounded to it (to nearest) and the safety factor is 3, as for bf16 (default: the "
+        "model's precision)",
+    )
     parser.add_argument("--out", type=Path, required=True, help="the profile .toml to write")
     parser.set_defaults(func=run)
 
@@ -109,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         provenance,
         render_profile,
     )
-    from conformance.profiles.own import cap_flags
+    from conformance.profiles.own import plan_flags
 
     if args.out.suffix != ".toml":
         raise UsageError(f"--out {args.out} is not a .toml file", "pass e.g. --out mine.toml")
@@ -132,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         cap=cap,
         max_tokens=args.max_batch_tokens,
         attn_implementation=args.backend_attn,
+        kv_format=args.kv_cache_dtype,
     )
     print(
         f"tim-conformance: calibrating {engine_dtype} hf-generate vs "
@@ -146,8 +155,7 @@ def run(args: argparse.Namespace) -> int:
             *(a for model in args.model or plan.models for a in ("--model", str(model))),
             "--engine-dtype", engine_dtype,
             *(a for dtype in plan.backend_dtypes for a in ("--backend-dtype", dtype)),
-            "--depth", plan.depth, *cap_flags(plan.cap, plan.max_tokens, plan.attn_implementation),
-            "--out", str(args.out),
+            "--depth", plan.depth, *plan_flags(plan), "--out", str(args.out),
         ]
     )  # fmt: skip
     args.out.write_text(render_profile(plan, measured, provenance(plan, infos, command)))

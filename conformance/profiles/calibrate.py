@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conformance.errors import UsageError
 from conformance.hf_model import AUTO_ATTN
 from conformance.metric_table import METRICS, Metric, metric
 from conformance.strategies import RUN_LENGTHS, chat_text, in_runs, marker_ids
@@ -130,10 +131,16 @@ class Plan:
     #: stack's ``--backend-attn``, so a model that loads with one implementation only (eager
     #: for Gemma-2's soft-cap) is calibrated the way it is certified
     attn_implementation: str = AUTO_ATTN
+    #: the format an engine stores its KV cache in (a ``floor.KV_CACHE_FORMATS`` key), None for
+    #: the model's precision: the reference engine's keys and values are rounded to it
+    #: (``floor.kv_rounded_attention``), as an engine caching in it computes
+    kv_format: str | None = None
 
     @property
     def factor(self) -> float:
-        return FACTORS[self.engine_dtype]
+        """The safety factor on the measured worst: the precision's, or with a low-precision
+        cache, whose rounding dominates as bf16's does, bf16's (3)."""
+        return FACTORS["bfloat16"] if self.kv_format else FACTORS[self.engine_dtype]
 
     @property
     def batches(self) -> tuple[Batch, ...]:
@@ -244,7 +251,9 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measureme
         label = f"{info.arch} {info.path.name}"
         attention = plan.attn_implementation
         engine_config = EngineConfig(
-            model=info.path, dtype=plan.engine_dtype, options={"attn_implementation": attention}
+            model=info.path,
+            dtype=plan.engine_dtype,
+            options={"attn_implementation": _engine_attention(plan, info.path)},
         )
         runs: list[_EngineRun] = []
         # the reference stack, started as every stack is (through the registry, guarded)
@@ -284,6 +293,24 @@ class _EngineRun:
     @property
     def sequences(self) -> list[list[int]]:
         return [c.sequence for c in self.completions]
+
+
+def _engine_attention(plan: Plan, model: Path) -> str:
+    """The reference engine's attention implementation: the plan's, or with a KV format, SDPA
+    over keys and values rounded to it (a model that runs eagerly only has no such reference:
+    its eager attention lives in its own modeling code, which nothing here can wrap)."""
+    from conformance.floor import kv_rounded_attention
+    from conformance.hf_model import needs_eager
+
+    if plan.kv_format is None:
+        return plan.attn_implementation
+    if needs_eager(model) or plan.attn_implementation not in (AUTO_ATTN, "sdpa"):
+        raise UsageError(
+            f"{model} runs eager attention only, and a {plan.kv_format} cache's reference "
+            "rounds keys and values inside SDPA",
+            "name a profile for this stack with --profile",
+        )
+    return kv_rounded_attention(plan.kv_format)
 
 
 def _engine_runs(
@@ -441,6 +468,7 @@ def provenance(plan: Plan, infos: Sequence[Any], command: str) -> dict[str, Any]
         "backend_dtypes": list(plan.backend_dtypes),
         "depth": plan.depth,
         "attn_implementation": plan.attn_implementation,
+        "kv_format": plan.kv_format,
         "batches": [list(batch) for batch in fitted_batches(plan, infos)],
         "sampling_seeds": list(plan.sampling_seeds),
         "factor": plan.factor,

@@ -47,19 +47,22 @@ def cached_profile_path(
          list(plan.backend_dtypes), plan.depth, version, METHOD,
          *([list(plan.cap)] if plan.cap else []),
          *([{"max_tokens": plan.max_tokens}] if plan.max_tokens else []),
-         *([{"attn": plan.attn_implementation}] if plan.attn_implementation != AUTO_ATTN else [])]
+         *([{"attn": plan.attn_implementation}] if plan.attn_implementation != AUTO_ATTN else []),
+         *([{"kv": plan.kv_format}] if plan.kv_format else [])]
     )  # fmt: skip
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_root() / "profiles" / f"own-{model_sha256[:12]}-{digest}.toml"
 
 
-def cap_flags(
-    cap: Batch | None, max_tokens: int | None = None, attn_implementation: str = AUTO_ATTN
-) -> list[str]:
-    """The calibrate flags that give ``cap``, ``max_tokens`` and the attention implementation."""
-    flags = ["--max-batch-tokens", str(max_tokens)] if max_tokens else []
-    if attn_implementation != AUTO_ATTN:
-        flags += ["--backend-attn", attn_implementation]
+def plan_flags(plan: Plan) -> list[str]:
+    """The calibrate flags that give ``plan``'s cap, tokens per batch, attention implementation
+    and KV format (what ``--depth`` and the precisions leave to it)."""
+    flags = ["--max-batch-tokens", str(plan.max_tokens)] if plan.max_tokens else []
+    if plan.attn_implementation != AUTO_ATTN:
+        flags += ["--backend-attn", plan.attn_implementation]
+    if plan.kv_format:
+        flags += ["--kv-cache-dtype", plan.kv_format]
+    cap = plan.cap
     if cap is None:
         return flags
     batch, prompt_len, new_tokens = cap
@@ -83,6 +86,7 @@ def own_profile(
     cap: Batch | None = None,
     max_tokens: int | None = None,
     attn_implementation: str = AUTO_ATTN,
+    kv_format: str | None = None,
 ) -> Path:
     """The own profile of the model ``info`` describes, for this precision and depth on this
     device: read from the cache, else calibrated (as ``tim-conformance calibrate`` does,
@@ -90,7 +94,8 @@ def own_profile(
     the engine precision and the stack's own backend precision; ``cap`` (prompts, prompt
     length, new tokens) is a run's own shape where it is smaller than the depth's batches,
     ``max_tokens`` the run's tokens per batch where it is not the depth's,
-    ``attn_implementation`` the stack's ``--backend-attn``."""
+    ``attn_implementation`` the stack's ``--backend-attn``, ``kv_format`` the format the
+    engine caches keys and values in."""
     from conformance import __version__
     from conformance.host import device_info
 
@@ -104,6 +109,7 @@ def own_profile(
         cap=cap,
         max_tokens=max_tokens,
         attn_implementation=attn_implementation,
+        kv_format=kv_format,
     )
     path = cached_profile_path(info.sha256, device_info(), plan, __version__)
     if path.is_file():
@@ -111,7 +117,8 @@ def own_profile(
         return path
     progress(
         f"tim-conformance: profile: the model's own: no --profile given and the shipped ones "
-        f"were measured on other models or another device, so calibrating {model} first "
+        f"were measured on other models, another device or caches in the model's precision, "
+        f"so calibrating {model} first "
         f"({engine_dtype} engine vs {' and '.join(backends)} backend, depth {depth}; cached in "
         f"{path.parent}; pass --profile to choose one)"
     )
@@ -120,8 +127,7 @@ def own_profile(
         [
             "tim-conformance", "calibrate", "--model", str(model), "--engine-dtype", engine_dtype,
             *(a for dtype in backends for a in ("--backend-dtype", dtype)),
-            "--depth", depth, *cap_flags(cap, max_tokens, attn_implementation),
-            "--out", str(path),
+            "--depth", depth, *plan_flags(plan), "--out", str(path),
         ]
     )  # fmt: skip
     text = render_profile(plan, measured, provenance(plan, infos, command))

@@ -9,17 +9,22 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.certify_runs import certify
 from support.engine_tests import needs, started
 
 from conformance.engines import ENGINES, SamplingSpec
 from conformance.errors import Unsupported, UsageError
 from conformance.floor import kv_rounded_model, kv_rounding_floor, token_logprobs
 from conformance.hf_model import load_causal_lm
+from conformance.models import make_model
+from conformance.profiles import load_profile
 
 
 def with_vllm(test: Any) -> Any:
@@ -85,6 +90,64 @@ def test_an_unknown_kv_format_or_rounding_is_a_usage_error(default_model: Path) 
         kv_rounding_floor(default_model, "int4", [[5, 6]])
     with pytest.raises(UsageError, match="toward_zero"):
         kv_rounding_floor(default_model, "fp8_e4m3", [[5, 6]], rounding="up")
+
+
+def test_a_rounded_cache_keeps_the_masks_of_a_padded_batch(
+    default_model: Path, sequences: list[list[int]]
+) -> None:
+    """The rounding attention comes with SDPA's masks (registered without one, transformers
+    gives it none: a left-padded batch, as hf-generate runs the reference's rollouts, attended
+    to its padding). Each sequence scores the same alone as in a left-padded batch."""
+    import torch
+
+    lm = kv_rounded_model(default_model, "fp8_e4m3")
+    width = max(len(s) for s in sequences)
+    ids = torch.tensor([[0] * (width - len(s)) + s for s in sequences])
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences])
+    # positions counted from each sequence's first real token, as generate counts them
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = lm(input_ids=ids, attention_mask=mask, position_ids=positions).logits.float()
+    for row, sequence in enumerate(sequences):
+        alone = token_logprobs(lm, sequence)
+        batched = torch.log_softmax(logits[row, width - len(sequence) : -1], -1)
+        batched = batched.gather(1, torch.tensor(sequence[1:])[:, None]).squeeze(1)
+        assert (batched - alone).abs().max() < 1e-4
+
+
+def test_an_fp8_cache_stack_is_calibrated_with_its_keys_and_values_rounded(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """``calibrate --kv-cache-dtype``: the reference engine's keys and values rounded to the
+    format, the safety factor bf16's (rounding dominates), all recorded; the bounds sit orders
+    of magnitude above the fp32 profile's, at the fp8 floor's scale, not at a mask's."""
+    profile = tmp_path / "fp8.toml"
+    caps = ("--max-batch", "4", "--max-prompt-len", "64", "--max-new-tokens", "32")
+    result = subprocess.run(
+        [sys.executable, "-m", "conformance", "calibrate", *caps, "--kv-cache-dtype", "fp8_e4m3",
+         "--out", str(profile)],
+        capture_output=True, text=True, env=cli_env, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    fp8, fp32 = load_profile(profile), load_profile("fp32")
+    assert fp8.provenance["kv_format"] == "fp8_e4m3" and fp8.provenance["factor"] == 3.0
+    assert "--kv-cache-dtype fp8_e4m3" in fp8.provenance["command"]
+    assert 1000 * fp32.thresholds["abs_diff_max"] < fp8.thresholds["abs_diff_max"] < 5.0
+
+
+def test_an_fp8_cache_on_a_model_that_runs_eagerly_only_is_one_line(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """Gemma-2's soft-cap lives in its own eager attention, which the rounding (inside SDPA)
+    cannot wrap: calibrating such a stack is refused, naming the way out."""
+    model = make_model(tmp_path / "gemma2", arch="gemma2").path
+    result = subprocess.run(
+        [sys.executable, "-m", "conformance", "calibrate", "--model", str(model),
+         "--kv-cache-dtype", "fp8_e4m3", "--out", str(tmp_path / "p.toml")],
+        capture_output=True, text=True, env=cli_env, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 2 and "--profile" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def _scores(engine: Any, sequences: list[list[int]]) -> list[float]:
@@ -173,3 +236,22 @@ def test_speculation_that_loses_its_sampling_parameters_is_refused_in_one_line(
         speculative.generate(sequences, spec)
     assert "\n" not in str(raised.value)
     assert speculative.info()["knobs"]["speculative_config"]["method"] == "ngram"
+
+
+@with_vllm
+def test_an_fp8_cache_stack_passes_its_own_profile_and_not_the_fp32_one(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    """An fp8-cache vLLM on the embedded model, no --profile: certified under an own profile
+    calibrated with the cache's rounding (the shipped fp32 one, measured on fp32 caches, would
+    be broken by the rounding alone)."""
+    env = {**cli_env, "TIM_CONFORMANCE_CACHE": str(tmp_path / "cache")}
+    parity = ("--suite", "prefill_parity", "--suite", "rollout_parity")
+    code, report, output = certify(
+        "--engine", "vllm", "--engine-option", "kv_cache_dtype=fp8", *parity, "--examples", "5",
+        env=env, out=tmp_path / "run",
+    )  # fmt: skip
+    assert code == 0, output[-3000:]
+    assert report["profile"]["provenance"]["kv_format"] == "fp8_e4m3"
+    fp32 = load_profile("fp32").thresholds["abs_diff_max"]
+    assert all(check["metrics"]["abs_diff_max"] > fp32 for check in report["checks"])
