@@ -36,6 +36,7 @@ class SGLangEngine(Engine):
         super().__init__(config)
         self._engine: Any = None
         self._retractions = common.Retractions()
+        self._watch = _ChildWatch()
         parsed = common.parse_options(self.name, config.options, extra={})
         if common.sglang_version() is None:
             raise EngineUnavailable("sglang is not installed", common.INSTALL_HINT)
@@ -58,7 +59,7 @@ class SGLangEngine(Engine):
         sigterm = signal.getsignal(signal.SIGTERM)
         try:
             self._engine = sglang.Engine(
-                **common.server_args(config, self.options), custom_sigquit_handler=_child_failed
+                **common.server_args(config, self.options), custom_sigquit_handler=self._watch
             )
         except (RuntimeError, EngineCrashed) as exc:
             _stop([p for p in psutil.Process().children(recursive=True) if p.pid not in before])
@@ -70,13 +71,23 @@ class SGLangEngine(Engine):
         self._children = [
             p for p in psutil.Process().children(recursive=True) if p.pid not in before
         ]
+        self._watch.loop = getattr(self._engine, "loop", None)
         internals.keep_handlers(
-            self._engine, {signal.SIGTERM: sigterm, signal.SIGQUIT: _child_failed}
+            self._engine, {signal.SIGTERM: sigterm, signal.SIGQUIT: self._watch}
         )
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``sglang.Engine.<method>(...)``; a call a failed child cut short is a crash."""
+        try:
+            return getattr(self._engine, method)(*args, **kwargs)
+        except RuntimeError as exc:
+            if self._watch.failed:
+                raise self._watch.crash() from exc
+            raise
 
     def _run(self, request: dict[str, Any]) -> list[dict[str, Any]]:
         """The engine's replies to ``request``, their retractions counted."""
-        return self._retractions.add(self._engine.generate(**request))
+        return self._retractions.add(self._call("generate", **request))
 
     def generate(
         self, prompts: TokenBatch, spec: SamplingSpec, *, top_logprobs: int = 0
@@ -108,11 +119,11 @@ class SGLangEngine(Engine):
         maps checkpoint names onto its fused layers; the prefix cache is flushed with it. SGLang
         takes updates only inside a begin/end weight-update session.
         """
-        self._engine.begin_weight_update()
+        self._call("begin_weight_update")
         try:
-            success, message = self._engine.update_weights_from_tensor(list(state_dict.items()))
+            success, message = self._call("update_weights_from_tensor", list(state_dict.items()))
         finally:
-            self._engine.end_weight_update()
+            self._call("end_weight_update")
         if not success:
             raise EngineCrashed(f"SGLang did not take the new weights: {message}", "check names")
 
@@ -135,15 +146,32 @@ class SGLangEngine(Engine):
         _stop(self._children)
 
 
-def _child_failed(signum: int, frame: object) -> None:
-    """SIGQUIT's handler while an SGLang engine lives in this process. SGLang's children send it
-    when one fails, and SGLang's own handler then kills this process's whole tree, the harness
-    with it, before the report is written. Raised here instead, the start or call in progress
-    fails as a crash, and the run ends incomplete with what it measured."""
-    raise EngineCrashed(
-        "a process of the SGLang engine failed and signalled this one (SIGQUIT)",
-        "its error is in the scheduler's log above; what was measured is kept",
-    )
+class _ChildWatch:
+    """SIGQUIT's handler while an SGLang engine lives in this process. SGLang's children send
+    it when one fails, and SGLang's own handler then kills this process's whole tree, the
+    harness with it, before the report is written. Here the start or call in progress fails as
+    a crash instead, and the run ends incomplete with what it measured: raised where the signal
+    lands, or, inside a call (the engine's event loop running, which would swallow an
+    exception), by stopping the loop, which ends the call."""
+
+    def __init__(self) -> None:
+        #: the engine's event loop, once it has started
+        self.loop: Any = None
+        self.failed = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.failed = True
+        if self.loop is not None and self.loop.is_running():
+            self.loop.stop()
+            return
+        raise self.crash()
+
+    @staticmethod
+    def crash() -> EngineCrashed:
+        return EngineCrashed(
+            "a process of the SGLang engine failed and signalled this one (SIGQUIT)",
+            "its error is in the scheduler's log above; what was measured is kept",
+        )
 
 
 def _stop(processes: list[Any]) -> None:

@@ -101,15 +101,21 @@ def test_a_sigquit_from_a_failing_child_is_a_crash_of_the_call_not_of_this_proce
     assert len(engine.generate([[5, 6, 7, 8]], SamplingSpec(max_new_tokens=4))[0].tokens) == 4
 
 
-def test_a_model_sglang_cannot_load_ends_the_run_incomplete_with_its_report(
-    tmp_path: Path, cli_env: dict[str, str]
+@pytest.mark.parametrize(
+    ("arch", "says"),
+    [("bamba", "SGLang's engine failed to start"), ("qwen2-moe", "signalled this one (SIGQUIT)")],
+)
+def test_a_model_sglang_cannot_run_ends_the_run_incomplete_with_its_report(
+    arch: str, says: str, tmp_path: Path, cli_env: dict[str, str]
 ) -> None:
-    """SGLang 0.5.23 has no Bamba: its scheduler dies loading the model and SIGQUITs this
-    process (a certify of it ended with exit -9 and no report.json). The run is incomplete with
-    SGLang's reason, its report written, no process of the engine left."""
+    """SGLang 0.5.23's CPU engine has no Bamba (its scheduler dies loading the model) and no
+    CPU path for Qwen2-MoE's shared-expert gate (a Triton kernel: the scheduler dies in the
+    first prefill); either way the scheduler SIGQUITs this process, and a certify ended with
+    exit -9 and no report.json. The run is incomplete with the reason, its report written, no
+    process of the engine left."""
     import psutil
 
-    model = make_model(tmp_path / "bamba", arch="bamba").path
+    model = make_model(tmp_path / arch, arch=arch).path
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     code, report, output = certify(
         "--model", str(model), "--engine", "sglang", "--profile", "fp32",
@@ -117,5 +123,5 @@ def test_a_model_sglang_cannot_load_ends_the_run_incomplete_with_its_report(
     )  # fmt: skip
     assert code == 2, output[-3000:]
     assert report["verdict"] == "incomplete"
-    assert "SGLang's engine failed to start" in report["reason"], report["reason"]
+    assert says in report["reason"], report["reason"]
     assert [p for p in psutil.Process().children(recursive=True) if p.pid not in before] == []
