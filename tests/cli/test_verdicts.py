@@ -122,6 +122,8 @@ DEFECTS = [
     ("HeadFromEmbedding", ["prefill_parity"], {"prefill_parity"}, "abs_diff_max"),
     # a reload that leaves the MLP weights unpacked: wrong even on the weights already loaded
     ("UnpackedAfterReload", ["weight_sync"], {"weight_sync"}, "abs_diff_max"),
+    # an RMSNorm epsilon from the engine's code, not the config: 3e-5 nats a token on average
+    ("NormEpsFromCode", ["prefill_parity"], {"prefill_parity"}, "profile fp32"),
 ]
 
 

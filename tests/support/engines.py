@@ -976,6 +976,22 @@ class HeadFromEmbedding(HFGenerateEngine):
         self._head_from_embedding()
 
 
+class NormEpsFromCode(HFGenerateEngine):
+    """Normalises with an RMSNorm epsilon of its own code's, 1e-5, whatever the config's
+    ``rms_norm_eps`` says: vLLM 0.32's ``GptOssForCausalLM`` hard-codes it
+    (docs/findings/vllm-gpt-oss-rms-norm-eps.md). The default model's config says 1e-6; the
+    log-probs move by a mean of 3e-5 nats, more than the fp32 profile's mean allows."""
+
+    name = "norm-eps-from-code"
+    EPS = 1e-5
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        for module in self._model.modules():
+            if hasattr(module, "variance_epsilon"):
+                module.variance_epsilon = self.EPS
+
+
 class UnpackedAfterReload(HFGenerateEngine):
     """An in-place weight reload writes the MLP weights in checkpoint layout where the kernel
     reads a prepacked one, so the kernel sees the new values scrambled, even when the weights sent
