@@ -231,6 +231,8 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measureme
         kind: {m.name: [] for m in METRICS} for kind in KINDS
     }
     batches = fitted_batches(plan, infos)
+    # every model's reference is settled before the first is measured: a refusal costs nothing
+    engine_attention = {info.path: _engine_attention(plan, info.path) for info in infos}
     steps = len(infos) * (1 + len(plan.backend_dtypes)) * len(batches) * len(plan.sampling_seeds)
     done, started = 0, time.perf_counter()
 
@@ -249,11 +251,10 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measureme
         markers = marker_ids(info.vocab_size, info.special_token_ids)
         chat = _chat_prompts(info)
         label = f"{info.arch} {info.path.name}"
-        attention = plan.attn_implementation
         engine_config = EngineConfig(
             model=info.path,
             dtype=plan.engine_dtype,
-            options={"attn_implementation": _engine_attention(plan, info.path)},
+            options={"attn_implementation": engine_attention[info.path]},
         )
         runs: list[_EngineRun] = []
         # the reference stack, started as every stack is (through the registry, guarded)
@@ -264,7 +265,7 @@ def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measureme
                 tick(f"{plan.engine_dtype} engine, {label}", run)
         for backend_dtype in plan.backend_dtypes:
             backend_config = BackendConfig(
-                model=info.path, dtype=backend_dtype, attn_implementation=attention
+                model=info.path, dtype=backend_dtype, attn_implementation=plan.attn_implementation
             )
             # the engine closed first: a user's model may not fit twice
             with closing(start("backend", REFERENCE[1], backend_config)) as backend:
@@ -304,10 +305,11 @@ def _engine_attention(plan: Plan, model: Path) -> str:
 
     if plan.kv_format is None:
         return plan.attn_implementation
-    if needs_eager(model) or plan.attn_implementation not in (AUTO_ATTN, "sdpa"):
+    runs = "eager only" if needs_eager(model) else plan.attn_implementation
+    if runs not in (AUTO_ATTN, "sdpa"):
         raise UsageError(
-            f"{model} runs eager attention only, and a {plan.kv_format} cache's reference "
-            "rounds keys and values inside SDPA",
+            f"the reference of a cache in {plan.kv_format} rounds keys and values inside SDPA, and "
+            f"{model}'s attention here is {runs}",
             "name a profile for this stack with --profile",
         )
     return kv_rounded_attention(plan.kv_format)
