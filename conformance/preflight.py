@@ -4,7 +4,7 @@ Fail fast on what the user can fix: the profile, the engine and backend (install
 they take, the releases they support), the model folder, a run shape the model cannot hold.
 Then the stack to run: on a CPU its batches within the model's cost; where the profile was
 calibrated on another model or device, a named one stays (a one-line warning says so) and an
-implied one gives way to the model's own (:func:`conformance.profiles.own.own_profile`:
+implied one gives way to the model's own (:func:`conformance.calibration.own_profile.own_profile`:
 calibrated once, cached). certify and the plugin both call :func:`preflight`, once per spec.
 """
 
@@ -56,7 +56,7 @@ def preflight(spec: StackSpec) -> StackSpec:
     kv_format = engine_kv_format(spec.engine_options.get("kv_cache_dtype"))
     if (foreign or kv_format) and not spec.profile_named:
         # calibration (and Hypothesis, which it draws with) is loaded only where it runs
-        from conformance.profiles.own import own_profile
+        from conformance.calibration.own_profile import own_profile
 
         shape = costed.depth
         own = own_profile(

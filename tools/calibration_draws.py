@@ -2,7 +2,7 @@
 
 The rollout suites' bound on ``log_ratio_sum_per_sqrt_tokens`` is the larger of the engine
 precision's factor × the worst decoded batch and ``Z_SIGMAS`` (7) × the rms of the decoded
-batches, one draw of ≈ σ·|Z| each (conformance/profiles/calibrate.py). Seven keeps 4.6σ when σ's
+batches, one draw of ≈ σ·|Z| each (conformance/calibration/runner.py). Seven keeps 4.6σ when σ's
 estimate from 8 draws (2 batch sizes × 2 sampling seeds × 2 backend precisions at quick depth)
 sits at its 10th percentile; an estimate from k draws allows Z(k) = 4.6 / √(χ²ₖ(0.1)/k) for the
 same margin. This measures the reference stack's decoded batches under ``--seeds`` sampling seeds
@@ -18,8 +18,8 @@ import argparse
 import math
 from pathlib import Path
 
+from conformance.calibration.runner import Z_SIGMAS, Plan, default_backend_dtypes, measure
 from conformance.metric_table import metric
-from conformance.profiles.calibrate import Z_SIGMAS, Plan, default_backend_dtypes, measure
 
 #: the standard normal's 10th percentile
 Z_10 = -1.2815515655446004

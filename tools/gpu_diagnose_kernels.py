@@ -1,4 +1,4 @@
-"""Two GPU failures of tools/gpu_run_2026-11-26-h200.sh reproduced outside the suites, to say
+"""Two GPU failures of docs/evidence/gpu/2026-11-26-h200/run.sh reproduced outside the suites, to say
 which side is wrong (docs/evidence/gpu/2026-11-26-h200/README.md).
 
 padding (fp32): certify's shrunk case, a 1-token prompt left-padded to 65 beside a 65-token one,

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from conformance.calibration.runner import DEPTH_BATCHES
 from conformance.errors import ProfileError
 from conformance.metric_table import BY_NAME, EXAMPLE_METRICS, METRICS, metric
 from conformance.metrics import mismatch_metrics, stack_ragged
 from conformance.profiles import available_profiles, load_profile
-from conformance.profiles.calibrate import DEPTH_BATCHES
 
 SHIPPED = ("bf16", "exact", "fp16", "fp32")
 #: calibrated on the embedded MoE model, implied for MoE models
@@ -351,7 +351,7 @@ def _calibrated(
     """A profile rendered from made-up measurements, as ``calibrate`` writes it: every kind
     within 1e-3 of every ideal, but the scored sequences 0.01 off on k1 (and at ``scored``'s
     values)."""
-    from conformance.profiles.calibrate import KINDS, Measured, Plan, render_profile
+    from conformance.calibration.runner import KINDS, Measured, Plan, render_profile
 
     plan = Plan(models=(tmp_path,), engine_dtype=engine_dtype, backend_dtypes=("float32",))
     rng = random.Random(0)
@@ -404,7 +404,7 @@ def test_past_one_nat_the_exp_scale_metrics_are_not_bounded(tmp_path) -> None:
     kernel or a bigger pool outgrows (vLLM's bf16 kernels read max ρ 2.3e7 against 3e6 on
     models 23 nats apart): where a measured token's |log ρ| passed it, the ``exp_scale``
     metrics are left unbounded and the log-scale ones still bound the pool."""
-    from conformance.profiles.calibrate import EXP_SCALE_RANGE
+    from conformance.calibration.runner import EXP_SCALE_RANGE
 
     path, _ = _calibrated(tmp_path)
     exp_scale = {m.name for m in METRICS if m.exp_scale}
@@ -512,8 +512,8 @@ def test_provenance_must_be_a_table(tmp_path) -> None:
     ],
 )
 def test_a_pool_scaled_bound_is_at_least_seven_rms_of_its_draws(draws, bound) -> None:
+    from conformance.calibration.runner import Measured, Plan, threshold
     from conformance.metric_table import metric
-    from conformance.profiles.calibrate import Measured, Plan, threshold
 
     plan = Plan(models=(), engine_dtype="bfloat16", backend_dtypes=("float32",))
     value, note = threshold(metric("log_ratio_sum_per_sqrt_tokens"), Measured(draws), plan)
@@ -524,7 +524,7 @@ def test_a_pool_scaled_bound_is_at_least_seven_rms_of_its_draws(draws, bound) ->
 def test_calibration_measures_chat_text_where_the_model_has_a_chat_template() -> None:
     """As the suites draw them then: every other prompt that is not one id repeated ends with
     a rendered chat prompt; without a template the prompts are as before."""
-    from conformance.profiles.calibrate import CONSTANT_EVERY, _prompt
+    from conformance.calibration.runner import CONSTANT_EVERY, _prompt
 
     chat = [[7, 8, 9], [10, 11]]
     drawn = list(range(20, 26))
@@ -542,7 +542,7 @@ def test_calibration_measures_batches_of_random_ids_alone_too() -> None:
     """The suites' examples can be random ids alone, and on a trained model such a batch's pcc
     strays furthest: the first sampling seed's batches mix chat text and runs in, the others'
     rows are the random ids as drawn (but for the one-id rows both have)."""
-    from conformance.profiles.calibrate import _batch_prompts, _prompt
+    from conformance.calibration.runner import _batch_prompts, _prompt
 
     chat = [[7, 8, 9], [10, 11]]
     rows = [list(range(20 + i, 26 + i)) for i in range(6)]
@@ -557,7 +557,7 @@ def test_calibration_measures_rollouts_from_the_shortest_prompts_too() -> None:
     """The suites draw prompts from one token up (Hypothesis tries the shortest first), and
     the tokens decoded right after the first positions are the furthest off in low precision:
     every ``SHORT_EVERY``-th prompt of a batch is cut to 1, then 2 tokens."""
-    from conformance.profiles.calibrate import SHORT_EVERY, SHORT_LENGTHS, _batch_prompts
+    from conformance.calibration.runner import SHORT_EVERY, SHORT_LENGTHS, _batch_prompts
 
     rows = [list(range(20 + i, 84 + i)) for i in range(4 * SHORT_EVERY)]
     for round_ in (0, 1):
@@ -570,8 +570,8 @@ def test_calibration_measures_rollouts_from_the_shortest_prompts_too() -> None:
 def test_a_run_within_a_token_budget_is_calibrated_on_the_batches_it_draws(tmp_path):
     """A batch above the run's token budget is measured as the two the suites draw at the top
     sizes in its place, and such a calibration is cached apart from the depth's own."""
-    from conformance.profiles.calibrate import Plan
-    from conformance.profiles.own import cached_profile_path
+    from conformance.calibration.own_profile import cached_profile_path
+    from conformance.calibration.runner import Plan
 
     plan = Plan(models=(tmp_path,), engine_dtype="float32", backend_dtypes=("float32",))
     budgeted = Plan(

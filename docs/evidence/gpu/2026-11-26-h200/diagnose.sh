@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device call behind docs/evidence/gpu/2026-11-26-h200/diagnose.log: the model
-# tools/gpu_run_2026-11-26-h200.sh certified, built again, then tools/gpu_diagnose_kernels.py.
+# docs/evidence/gpu/2026-11-26-h200/run.sh certified, built again, then tools/gpu_diagnose_kernels.py.
 set -u
 OUT=${OUT:?} W=${W:-/tmp/gpu}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD

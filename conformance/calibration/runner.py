@@ -509,7 +509,7 @@ def render_profile(plan: Plan, measured: dict[str, Measurements], origin: dict[s
     quadratic = ", ".join(sorted(QUADRATIC))
     lines = [
         f"# {description}",
-        "# Calibrated by `tim-conformance calibrate` (conformance/profiles/calibrate.py): "
+        "# Calibrated by `tim-conformance calibrate` (conformance/calibration/runner.py): "
         "hf-generate (KV-cache decode, left",
         f"# padding) vs the hf backend's full forward, batches "
         f"{', '.join(f'{p}x({n}+{k})' for p, n, k in batches)} x {len(plan.sampling_seeds)} "

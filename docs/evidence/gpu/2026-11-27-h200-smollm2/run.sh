@@ -11,7 +11,7 @@
 #                     world size 1: one GPU), side by side
 # Every run is under `timeout`: one cut short ends INCOMPLETE with its report.json kept.
 T=${T:-540}
-source "$(dirname "$0")/gpu_smollm2_lib.sh"
+source "$(dirname "$0")/../smollm2_lib.sh"
 same=(--engine-dtype bfloat16 --engine-option attn_implementation=eager --examples 5)
 tim smol-bf16-hf "${same[@]}" &
 own_profile_cached

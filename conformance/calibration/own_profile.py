@@ -19,8 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from conformance.hf_model import AUTO_ATTN
-from conformance.profiles.calibrate import (
+from conformance.calibration.runner import (
     METHOD,
     Batch,
     Plan,
@@ -29,6 +28,7 @@ from conformance.profiles.calibrate import (
     provenance,
     render_profile,
 )
+from conformance.hf_model import AUTO_ATTN
 
 if TYPE_CHECKING:
     from conformance.models import ModelInfo
