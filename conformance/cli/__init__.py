@@ -1,7 +1,8 @@
 """``tim-conformance`` command line: one module per subcommand, dispatched from here.
 
-Each subcommand module defines ``add_parser(subparsers)`` (which registers its parser and sets
-``func``) and a ``run(args) -> int``. Known errors become one line and exit code 2.
+Each subcommand module declares what its parser says (``HELP``, ``DESCRIPTION``, ``EPILOG``: its
+examples), ``add_arguments(parser)`` and ``run(args) -> int``; the parser itself is made here,
+the same way for each. Known errors become one line and exit code 2.
 
 Only the module of the subcommand being run is imported, so ``gate`` and ``report`` start
 without torch; ``--help`` and a mistyped subcommand import them all, to list them.
@@ -68,7 +69,15 @@ def make_parser(command: str | None = None) -> CliParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMANDS if command is None else (command,):
         module = importlib.import_module(f"conformance.cli.{name.replace('-', '_')}")
-        module.add_parser(subparsers)
+        sub = subparsers.add_parser(
+            name,
+            help=module.HELP,
+            description=module.DESCRIPTION,
+            epilog=module.EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(sub)
+        sub.set_defaults(func=module.run)
     return parser
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import shlex
 from pathlib import Path
-from typing import Any
 
 from conformance.errors import UsageError
 
@@ -20,22 +19,21 @@ device is not the one it was measured on.
 """
 
 
-def add_parser(subparsers: Any) -> None:
+HELP = "measure the reference stack on your model and device; write a tolerance profile"
+DESCRIPTION = (
+    "Run hf-generate (KV-cache decode) against the hf backend's full forward on "
+    "MODEL(s) and write a profile whose thresholds are the measured worst times a safety "
+    "factor (10 in fp32, 3 in bf16/fp16). Takes minutes; progress is printed."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from conformance.calibration.runner import DEPTH_BATCHES
     from conformance.dtypes import dtype_spellings
     from conformance.floor import KV_CACHE_FORMATS
     from conformance.hf_model import AUTO_ATTN
     from conformance.options import ATTN_CHOICES
-    from conformance.profiles.calibrate import DEPTH_BATCHES
 
-    parser = subparsers.add_parser(
-        "calibrate",
-        help="measure the reference stack on your model and device; write a tolerance profile",
-        description="Run hf-generate (KV-cache decode) against the hf backend's full forward on "
-        "MODEL(s) and write a profile whose thresholds are the measured worst times a safety "
-        "factor (10 in fp32, 3 in bf16/fp16). Takes minutes; progress is printed.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
     parser.add_argument(
         "--model",
         action="append",
@@ -103,21 +101,20 @@ def add_parser(subparsers: Any) -> None:
         "model's precision)",
     )
     parser.add_argument("--out", type=Path, required=True, help="the profile .toml to write")
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from conformance.dtypes import canonical_dtype
-    from conformance.models import default_model, model_folder
-    from conformance.profiles import load_profile
-    from conformance.profiles.calibrate import (
+    from conformance.calibration.own_profile import plan_flags
+    from conformance.calibration.runner import (
         Plan,
         default_backend_dtypes,
         measure,
         provenance,
         render_profile,
     )
-    from conformance.profiles.own import plan_flags
+    from conformance.dtypes import canonical_dtype
+    from conformance.models import default_model, model_folder
+    from conformance.profiles import load_profile
 
     if args.out.suffix != ".toml":
         raise UsageError(f"--out {args.out} is not a .toml file", "pass e.g. --out mine.toml")

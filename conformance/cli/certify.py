@@ -42,7 +42,14 @@ examples:
 """
 
 
-def add_parser(subparsers: Any) -> None:
+HELP = "run the conformance suites on a stack and certify it"
+DESCRIPTION = (
+    "Run the conformance suites (pytest, in-process) on an engine + backend + "
+    "model + dtype stack; write report.json, report.html and certificate.json."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     from conformance.backends import BACKENDS
     from conformance.engines import ENGINES
 
@@ -52,14 +59,7 @@ def add_parser(subparsers: Any) -> None:
             "backend": {n: c.RELEASES for n, c in BACKENDS.declared().items()},
         }
     )
-    parser = subparsers.add_parser(
-        "certify",
-        help="run the conformance suites on a stack and certify it",
-        description="Run the conformance suites (pytest, in-process) on an engine + backend + "
-        "model + dtype stack; write report.json, report.html and certificate.json.",
-        epilog=EPILOG + supported + env.help_text(env.CERTIFY),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser.epilog = EPILOG + supported + env.help_text(env.CERTIFY)
     add_stack_options(parser.add_argument, prefix="")
     parser.add_argument(
         "--seed", type=int, default=None, help=f"Hypothesis seed (default: {DEFAULT_SEED})"
@@ -112,7 +112,6 @@ def add_parser(subparsers: Any) -> None:
         "a progress line and the verdict; pytest's output goes to pytest.log in the report "
         "folder either way)",
     )
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 import conformance.contract
 
@@ -17,17 +16,16 @@ examples:
 """
 
 
-def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "contract",
-        help="run the engine contract (protocol checks and precision controls) on an engine",
-        description="Run the engine contract on one engine, a built-in or your own "
-        "module:Class (importable from here: PYTHONPATH=. for a module in this folder): the "
-        "protocol's shapes and alignment, seeds, load_weights, info, close, and precision "
-        "controls against the transformers fp32 forward.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+HELP = "run the engine contract (protocol checks and precision controls) on an engine"
+DESCRIPTION = (
+    "Run the engine contract on one engine, a built-in or your own "
+    "module:Class (importable from here: PYTHONPATH=. for a module in this folder): the "
+    "protocol's shapes and alignment, seeds, load_weights, info, close, and precision "
+    "controls against the transformers fp32 forward."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", required=True, metavar="E", help="engine or module:Class")
     parser.add_argument(
         "--model",
@@ -46,7 +44,6 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "-k", default=None, metavar="EXPR", help="only checks matching EXPR (default: every check)"
     )
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

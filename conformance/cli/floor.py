@@ -11,16 +11,15 @@ EPILOG = """examples:
 """
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "floor",
-        help="simulate the rounding floor of the ratio p_fp32 / p_low",
-        description="Simulate how far ρ = p_fp32 / p_low strays from 1 through softmax rounding "
-        "alone (objective-level hacking App. C.1, Table 2): fp32 logits ~ N(0, S²), softmax in "
-        "fp32 and in DTYPE, one token sampled per logit vector from the DTYPE distribution.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+HELP = "simulate the rounding floor of the ratio p_fp32 / p_low"
+DESCRIPTION = (
+    "Simulate how far ρ = p_fp32 / p_low strays from 1 through softmax rounding "
+    "alone (objective-level hacking App. C.1, Table 2): fp32 logits ~ N(0, S²), softmax in "
+    "fp32 and in DTYPE, one token sampled per logit vector from the DTYPE distribution."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", required=True, help="the low precision: bf16 or fp16")
     parser.add_argument(
         "--vocab", type=int, default=2048, help="vocabulary size (default and Table 2: %(default)s)"
@@ -47,7 +46,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="tokens held in memory at once; results do not depend on it (default: %(default)s)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

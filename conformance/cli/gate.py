@@ -19,16 +19,15 @@ EPILOG = """examples:
 """
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "gate",
-        help="compare a candidate report.json against a baseline (exit 0 pass, 1 fail, 2 n/a)",
-        description="Compare two report.json files made on the same suites, model, seed and "
-        "example count. Fails (exit 1) when the candidate breaks the profile or any metric "
-        "regressed beyond its allowed factor; exit 2 when the two are not comparable.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+HELP = "compare a candidate report.json against a baseline (exit 0 pass, 1 fail, 2 n/a)"
+DESCRIPTION = (
+    "Compare two report.json files made on the same suites, model, seed and "
+    "example count. Fails (exit 1) when the candidate breaks the profile or any metric "
+    "regressed beyond its allowed factor; exit 2 when the two are not comparable."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("baseline", type=Path, help="report.json of the accepted stack")
     parser.add_argument("candidate", type=Path, help="report.json of the changed stack")
     parser.add_argument(
@@ -47,7 +46,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--html", type=Path, metavar="OUT", help="also write an HTML diff report (default: none)"
     )
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

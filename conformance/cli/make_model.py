@@ -23,22 +23,21 @@ EPILOG = """examples:
 RANDOM_MODEL_OPTIONS = ("arch", "seed", "vocab", "layers", "hidden")
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+HELP = "write a tiny random-initialised causal LM, or convert a GGUF model"
+DESCRIPTION = (
+    "Write a tiny random-initialised causal LM (safetensors) and a byte-level "
+    "BPE tokenizer trained offline into DIR. Same arguments give identical files. With "
+    "--from-gguf, write a trained model's dequantised fp32 weights, tokenizer and chat "
+    "template instead, with provenance.json naming the source file's sha256."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = {
         name: parameter.default
         for name, parameter in inspect.signature(make_model).parameters.items()
         if parameter.kind is parameter.KEYWORD_ONLY
     }
-    parser = subparsers.add_parser(
-        "make-model",
-        help="write a tiny random-initialised causal LM, or convert a GGUF model",
-        description="Write a tiny random-initialised causal LM (safetensors) and a byte-level "
-        "BPE tokenizer trained offline into DIR. Same arguments give identical files. With "
-        "--from-gguf, write a trained model's dequantised fp32 weights, tokenizer and chat "
-        "template instead, with provenance.json naming the source file's sha256.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
     parser.add_argument("dir", type=Path, metavar="DIR", help="new or empty folder to write")
     parser.add_argument(
         "--from-gguf",
@@ -62,7 +61,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--hidden", type=int, help=f"a multiple of the head size 32 (default: {defaults['hidden']})"
     )
-    parser.set_defaults(func=run, random_defaults=defaults)
+    parser.set_defaults(random_defaults=defaults)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,15 +13,14 @@ EPILOG = """examples:
 """
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "report",
-        help="render a report.json as one self-contained HTML page",
-        description="Render a report.json (from certify or pytest --tim-report) as HTML: "
-        "verdict, stack, per-suite tables, failing cases with replay commands, plots.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+HELP = "render a report.json as one self-contained HTML page"
+DESCRIPTION = (
+    "Render a report.json (from certify or pytest --tim-report) as HTML: "
+    "verdict, stack, per-suite tables, failing cases with replay commands, plots."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("report", type=Path, help="the report.json to render")
     parser.add_argument(
         "-o",
@@ -29,7 +28,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         help="where to write the page (default: report.html next to report.json)",
     )
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

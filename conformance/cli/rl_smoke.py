@@ -27,16 +27,16 @@ exit status: 0 neither verdict fired, 1 mismatch alarm or collapse, 2 usage/envi
 _DEFAULTS = RunConfig()
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "rl-smoke",
-        help="short RL run on the stack: mismatch alarm and collapse detection",
-        description="GRPO on a synthetic counting task through the engine (rollouts, weights "
-        "pushed every step) and the backend (recompute, update). Streams OUT/rl.jsonl and writes "
-        "OUT/rl-summary.json.",
-        epilog=EPILOG + env.help_text(env.STACK),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+HELP = "short RL run on the stack: mismatch alarm and collapse detection"
+DESCRIPTION = (
+    "GRPO on a synthetic counting task through the engine (rollouts, weights "
+    "pushed every step) and the backend (recompute, update). Streams OUT/rl.jsonl and writes "
+    "OUT/rl-summary.json."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG + env.help_text(env.STACK)
     add_stack_options(parser.add_argument, prefix="")
     strengths = ", ".join(f"{k} {v:g}" for k, v in DEFAULT_STRENGTH.items() if v)
     parser.add_argument(
@@ -110,7 +110,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="folder for rl.jsonl and rl-summary.json (default: %(default)s)",
     )
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
