@@ -22,10 +22,15 @@ same calls after the sync, so the caches a sound engine fills from then on are t
 both. Engines with a prefix cache run this with it on (``capabilities.prefix_cache``).
 """
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conformance.engines import Engine
 from conformance.strategies import sampling_specs, token_sequences
 from conformance.suite_support import agreeing_rows, caches_prefixes, prompt_batches
 from conformance.weights import perturbed, read_weights, write_model
@@ -74,6 +79,21 @@ def fresh_engine(tim, new_weights, cache_options):
         yield engine
 
 
+@contextmanager
+def pushed(engine: Engine, new: Mapping[str, Any], original: Mapping[str, Any]) -> Iterator[None]:
+    """The engine holding the ``new`` weights for the block, and its ``original`` ones pushed
+    back after it whatever the block raised, so the module's later examples and tests start
+    from the model's own weights; an engine that cannot take weights skips the test."""
+    try:
+        engine.load_weights(new)
+    except NotImplementedError as exc:
+        pytest.skip(str(exc).splitlines()[0])
+    try:
+        yield
+    finally:
+        engine.load_weights(original)
+
+
 @given(data=st.data())
 def test_engine_takes_new_weights(
     data, engine, depth, model, recorder, original_weights, new_weights, request
@@ -83,14 +103,8 @@ def test_engine_takes_new_weights(
     recorder.case(sequences, shape, weights_seed=seed)
 
     before = engine.score(sequences)
-    try:
-        engine.load_weights(new)
-    except NotImplementedError as exc:
-        pytest.skip(str(exc).splitlines()[0])
-    try:
+    with pushed(engine, new, original_weights):
         refitted = engine.score(sequences)
-    finally:
-        engine.load_weights(original_weights)
     restored = engine.score(sequences)
     expected = request.getfixturevalue("fresh_engine").score(sequences)
 
@@ -168,17 +182,11 @@ def test_caches_do_not_outlive_a_weight_sync(
         told[: CACHE_BLOCK * min(blocks, len(told) // CACHE_BLOCK)] + turn for blocks, turn in turns
     ]
 
-    try:
-        engine.load_weights(new)
-    except NotImplementedError as exc:
-        pytest.skip(str(exc).splitlines()[0])
-    try:
+    with pushed(engine, new, original_weights):
         rescored = engine.score(served)
         resampled = engine.generate([*prompts, *fresh], spec)
         answered = [c.sequence for c in resampled[len(prompts) :]]
         answered_scored = engine.score(answered)
-    finally:
-        engine.load_weights(original_weights)
     # the fresh engine makes the same calls; the answers it scores are the synced engine's
     started = request.getfixturevalue("fresh_engine")
     expected = started.score(served)

@@ -320,6 +320,20 @@ def generate_request(
     }
 
 
+def generate(
+    prompts: TokenBatch,
+    spec: SamplingSpec,
+    top_logprobs: int,
+    options: Mapping[str, Any],
+    send: Callable[[dict[str, Any]], list[dict[str, Any]]],
+) -> list[Completion]:
+    """``Engine.generate`` of both engines: the request goes out through ``send`` (the offline
+    engine's call, or ``POST /generate``) and its replies are read alike, so the two engines
+    sample the same way and differ only in transport."""
+    replies = send(generate_request(prompts, spec, top_logprobs, options))
+    return completions(prompts, replies, top_logprobs, spec.n)
+
+
 def score_request(sequences: TokenBatch) -> dict[str, Any]:
     """A prefill-only request returning input logprobs from position 0 on."""
     check_nonempty(sequences)

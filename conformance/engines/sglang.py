@@ -92,9 +92,7 @@ class SGLangEngine(Engine):
     def generate(
         self, prompts: TokenBatch, spec: SamplingSpec, *, top_logprobs: int = 0
     ) -> list[Completion]:
-        request = common.generate_request(prompts, spec, top_logprobs, self.options)
-        replies = self._run(request)
-        return common.completions(prompts, replies, top_logprobs, spec.n)
+        return common.generate(prompts, spec, top_logprobs, self.options, self._run)
 
     def preemptions(self) -> int | None:
         """Requests SGLang retracted in this engine's calls (their replies' counts)."""

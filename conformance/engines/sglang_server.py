@@ -73,9 +73,7 @@ class SGLangServerEngine(ServerEngine):
     def generate(
         self, prompts: TokenBatch, spec: SamplingSpec, *, top_logprobs: int = 0
     ) -> list[Completion]:
-        request = common.generate_request(prompts, spec, top_logprobs, self.options)
-        replies = self._generate(request)
-        return common.completions(prompts, replies, top_logprobs, spec.n)
+        return common.generate(prompts, spec, top_logprobs, self.options, self._generate)
 
     def generate_requests(self, requests: Sequence[Request]) -> list[Completion]:
         # one POST /generate per request, several in flight, as rollout workers send them
