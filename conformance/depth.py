@@ -131,6 +131,30 @@ class Depth:
             )
         return limit
 
+    def check_fits(self, context: int | None) -> None:
+        """A run shape the model cannot hold is an error, not a silently shorter run (a depth's
+        own limits are clamped to the model's ``context`` instead)."""
+        if context is None or self.max_prompt_len is None or self == depth(self.name):
+            return
+        # one more position: an engine scores a sequence by generating one token after it
+        needed = self.max_prompt_len + self.max_new_tokens + 1
+        if needed > context:
+            raise UsageError(
+                f"--max-prompt-len {self.max_prompt_len} + --max-new-tokens "
+                f"{self.max_new_tokens} (+1) needs {needed} positions; the model has {context}",
+                f"pass a shorter run shape, at most {context - 1} tokens together",
+            )
+
+    def calibration_cap(self, context: int | None) -> tuple[int, int, int] | None:
+        """What this depth's own profile is calibrated up to where a run shape replaced the
+        depth's limits (prompts, prompt length, new tokens); None for the depth's own."""
+        base = depth(self.name)
+        unbounded = context or 1 << 30
+        cap = (self.max_batch, self.max_prompt_len or unbounded, self.max_new_tokens)
+        limits = (base.max_batch, base.max_prompt_len or unbounded, base.max_new_tokens)
+        # a shape at or above the depth's calibrates as the depth does, and shares its cache
+        return cap if any(c < limit for c, limit in zip(cap, limits, strict=True)) else None
+
     def describe(self) -> str:
         prompts = f"{self.max_prompt_len}" if self.max_prompt_len else "the model's context"
         groups = f", GRPO groups of {self.group_size}" if self.group_size else ""

@@ -15,10 +15,9 @@ from typing import Any
 
 from conformance import releases
 from conformance.backends import BACKENDS
-from conformance.depth import Depth, depth, forward_weights
+from conformance.depth import forward_weights
 from conformance.dtypes import engine_kv_format
 from conformance.engines import ENGINES
-from conformance.errors import UsageError
 from conformance.host import device_info
 from conformance.models import ModelInfo, inspect_model
 from conformance.profiles import load_profile
@@ -34,9 +33,7 @@ def preflight(spec: StackSpec) -> StackSpec:
     backend.check_options(spec.backend_options)
     model = inspect_model(spec.model_dir())
     context = model.max_position_embeddings
-    # the depth's own limits, which a run shape replaced where it differs from them
-    base = depth(spec.depth.name)
-    _check_run_shape(spec.depth, base, context)
+    spec.depth.check_fits(context)
     # one line for both, once every input passed, before the model is built or anything starts
     releases.warn(
         releases.check_stack(
@@ -64,7 +61,7 @@ def preflight(spec: StackSpec) -> StackSpec:
             costed.engine_dtype,
             costed.backend_dtype,
             shape.name,
-            cap=_calibration_cap(spec.depth, base, context),
+            cap=spec.depth.calibration_cap(context),
             max_tokens=shape.max_batch_tokens if shape.budget != "depth" else None,
             attn_implementation=costed.backend_attn,
             kv_format=kv_format,
@@ -84,27 +81,3 @@ def within_cost(spec: StackSpec, model: ModelInfo, device: dict[str, Any]) -> St
     )
     return replace(spec, depth=spec.depth.within_cost(weights, model.max_position_embeddings))
 
-
-def _check_run_shape(shape: Depth, base: Depth, context: int | None) -> None:
-    """A run shape the model cannot hold is an error, not a silently shorter run (a depth's
-    own limits, ``base``, are clamped to the model's context instead)."""
-    if context is None or shape.max_prompt_len is None or shape == base:
-        return
-    # one more position: an engine scores a sequence by generating one token after it
-    needed = shape.max_prompt_len + shape.max_new_tokens + 1
-    if needed > context:
-        raise UsageError(
-            f"--max-prompt-len {shape.max_prompt_len} + --max-new-tokens "
-            f"{shape.max_new_tokens} (+1) needs {needed} positions; the model has {context}",
-            f"pass a shorter run shape, at most {context - 1} tokens together",
-        )
-
-
-def _calibration_cap(shape: Depth, base: Depth, context: int | None) -> tuple[int, int, int] | None:
-    """A run shape given in place of the depth's limits (``base``) caps what its own profile is
-    calibrated on (prompts, prompt length, new tokens); None for the depth's own."""
-    unbounded = context or 1 << 30
-    cap = (shape.max_batch, shape.max_prompt_len or unbounded, shape.max_new_tokens)
-    limits = (base.max_batch, base.max_prompt_len or unbounded, base.max_new_tokens)
-    # a shape at or above the depth's calibrates as the depth does, and shares its cache
-    return cap if any(c < limit for c, limit in zip(cap, limits, strict=True)) else None

@@ -486,3 +486,20 @@ def test_with_a_chat_template_the_simplest_and_the_top_examples_are_as_before(ch
         depth.prompt_limit(chat_model.max_position_embeddings, 17),
         depth.max_batch_tokens // chat_shape.batch_size - 16,
     )
+
+
+def test_a_run_shape_the_model_cannot_hold_is_refused_and_caps_its_calibration():
+    quick = DEPTHS["quick"]
+    # the depth's own limits are clamped to a short context, never refused; they calibrate as
+    # the depth does
+    quick.check_fits(256)
+    assert quick.calibration_cap(256) is None
+    shaped = quick.with_run_shape(max_prompt_len=48, max_new_tokens=24, max_batch=4)
+    shaped.check_fits(73)
+    with pytest.raises(UsageError, match=r"needs 73 positions; the model has 72"):
+        shaped.check_fits(72)
+    assert shaped.calibration_cap(4096) == (4, 48, 24)
+    # a shape past the depth's limits calibrates as the depth does (and shares its cache)
+    assert (
+        quick.with_run_shape(max_prompt_len=2600, max_new_tokens=600).calibration_cap(4096) is None
+    )
