@@ -65,7 +65,8 @@ class SGLangEngine(Engine):
             _stop([p for p in psutil.Process().children(recursive=True) if p.pid not in before])
             raise EngineUnavailable(
                 f"SGLang's engine failed to start ({str(exc).splitlines()[0]})",
-                "see the scheduler's log above; check the install (tox -e sglang)",
+                f"the scheduler's traceback is in {SCHEDULER_OUTPUT}; check the install (tox -e "
+                "sglang)",
             ) from exc
         #: this engine's scheduler and detokenizer processes, which ``close`` stops
         self._children = [
@@ -144,6 +145,10 @@ class SGLangEngine(Engine):
         _stop(self._children)
 
 
+#: where SGLang's scheduler writes why it failed: its processes write to this one's stderr
+SCHEDULER_OUTPUT = "this process's error output (certify: pytest.log in the report folder)"
+
+
 class _ChildWatch:
     """SIGQUIT's handler while an SGLang engine lives in this process. SGLang's children send
     it when one fails, and SGLang's own handler then kills this process's whole tree, the
@@ -168,7 +173,7 @@ class _ChildWatch:
     def crash() -> EngineCrashed:
         return EngineCrashed(
             "a process of the SGLang engine failed and signalled this one (SIGQUIT)",
-            "its error is in the scheduler's log above; what was measured is kept",
+            f"its traceback is in {SCHEDULER_OUTPUT}; what was measured is kept",
         )
 
 
