@@ -7,12 +7,15 @@ anything it was trained on; these keep its next-token distributions as peaked as
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from conformance.errors import UsageError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 #: user turns: short, varied, the kinds of task RL runs train on (written for this project)
 CORPUS: tuple[str, ...] = (
@@ -94,7 +97,7 @@ SYSTEM_PROMPTS: tuple[str, ...] = (
 
 
 def rendered_prompts(
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     *,
     corpus: Sequence[str] = CORPUS,
     system_prompts: Sequence[str] = SYSTEM_PROMPTS,
@@ -136,7 +139,7 @@ def rendered_prompts(
 
 
 def chat_prompts(
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     *,
     corpus: Sequence[str] = CORPUS,
     system_prompts: Sequence[str] = SYSTEM_PROMPTS,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from conformance.host import device_info, package_versions
 
 if TYPE_CHECKING:
+    from conformance.models import ModelInfo
     from conformance.stack import StackSpec
 
 #: environment variables that change numerics (or which kernels run), recorded in fingerprints
@@ -66,7 +67,7 @@ def parallelism(engine_info: dict[str, Any], backend_info: dict[str, Any]) -> di
 
 def fingerprint(
     spec: StackSpec,
-    model_info: Any,
+    model_info: ModelInfo,
     engine_info: dict[str, Any],
     backend_info: dict[str, Any],
 ) -> dict[str, Any]:

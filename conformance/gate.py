@@ -25,12 +25,15 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conformance.errors import UsageError
 from conformance.metric_table import BY_NAME, METRICS, worst_metrics
 from conformance.report.html import as_text, code_block, join, number, page, table, tag
 from conformance.report.schema import Report, as_report
+
+if TYPE_CHECKING:
+    from conformance.profiles import Profile
 
 DEFAULT_FACTOR = 2.0
 DEFAULT_FLOOR = 1e-6
@@ -101,7 +104,7 @@ def compare(
     baseline: Report | Mapping[str, Any],
     candidate: Report | Mapping[str, Any],
     *,
-    profile: Any = None,
+    profile: str | Path | Profile | None = None,
     max_regression: dict[str, float] | None = None,
     floor: float = DEFAULT_FLOOR,
 ) -> GateResult:
@@ -198,7 +201,9 @@ def regression_rows(
     return rows
 
 
-def profile_violations(candidate: Report, profile: Any) -> tuple[str, list[str]]:
+def profile_violations(
+    candidate: Report, profile: str | Path | Profile | None
+) -> tuple[str, list[str]]:
     """The profile's name and one line per candidate check that breaks it.
 
     Without ``profile`` the candidate's own verdicts count: its recorded violations, and any

@@ -17,10 +17,10 @@ import signal
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack, cast
 
 from conformance.backends import BACKENDS
 from conformance.engines import ENGINES
@@ -29,8 +29,15 @@ from conformance.metric_table import breach
 from conformance.outcome import first_line
 
 if TYPE_CHECKING:
-    from conformance.backends.base import BackendConfig
-    from conformance.engines.base import Completion, EngineConfig, Request, SamplingSpec
+    from conformance.backends.base import Backend, BackendConfig, Recompute
+    from conformance.engines.base import Completion, Engine, EngineConfig, Request, SamplingSpec
+
+    #: what ``audit`` hears after each guarded call: the component, the method, the call's
+    #: arguments (``check_answer``'s) and its answer
+    Audit = Callable[["Guarded", str, tuple[object, ...], object], None]
+
+#: the component a :class:`Guarded` wraps: an Engine or a Backend
+_Component = TypeVar("_Component", bound="Engine | Backend")
 
 #: attributes that are answered by the component itself, never guarded or timed
 _UNGUARDED = frozenset({"info", "artefacts", "knobs", "close", "name", "config", "options"})
@@ -51,14 +58,22 @@ class ProtocolViolation(AssertionError):
 
 
 def check_answer(
-    label: str, method: str, args: tuple[Any, ...], result: Any, eos_token_id: int | None = None
+    label: str,
+    method: str,
+    args: tuple[object, ...],
+    result: object,
+    eos_token_id: int | None = None,
 ) -> None:
     """Raise :class:`ProtocolViolation` when an Engine or Backend call's result does not line
     up with its inputs (``Engine.generate``/``generate_requests``/``score``,
     ``Backend.recompute``); a rollout must end as its ``finish_reason`` says (``eos_token_id``:
-    the model's EOS), a request's under its own spec."""
+    the model's EOS), a request's under its own spec. ``args`` and ``result`` are the call's
+    as the protocol types them for ``method`` (a result is what this checks the shape of)."""
     if method == "generate":
-        prompts, n = args[0], (args[1].n if len(args) > 1 else 1)
+        prompts = cast("Sequence[Sequence[int]]", args[0])
+        spec = cast("SamplingSpec", args[1]) if len(args) > 1 else None
+        n = spec.n if spec is not None else 1
+        result = cast("Sequence[Completion]", result)
         if len(result) != len(prompts) * n:
             raise ProtocolViolation(
                 f"{label} generate() returned {len(result)} completions for {len(prompts)} prompts"
@@ -70,11 +85,12 @@ def check_answer(
                     f"{label} generate() gave completion {row} {len(completion.tokens)} tokens "
                     f"but {len(completion.logprobs)} log-probs"
                 )
-            problem = len(args) > 1 and _ending_problem(completion, args[1], eos_token_id)
+            problem = spec is not None and _ending_problem(completion, spec, eos_token_id)
             if problem:
                 raise ProtocolViolation(f"{label} generate() gave completion {row} {problem}")
     elif method == "generate_requests":
-        requests = args[0]
+        requests = cast("Sequence[Request]", args[0])
+        result = cast("Sequence[Completion]", result)
         if len(result) != len(requests):
             raise ProtocolViolation(
                 f"{label} generate_requests() returned {len(result)} completions for "
@@ -89,8 +105,12 @@ def check_answer(
                     f"{label} generate_requests() gave request {row}'s completion {problem}"
                 )
     elif method in ("score", "recompute"):
-        sequences = args[0]
-        rows = result.logprobs if method == "recompute" else result
+        sequences = cast("Sequence[Sequence[int]]", args[0])
+        rows = (
+            cast("Recompute", result).logprobs
+            if method == "recompute"
+            else cast("Sequence[Sequence[float]]", result)
+        )
         lengths = [len(r) for r in rows]
         wanted = [len(s) - 1 for s in sequences]
         if lengths != wanted:
@@ -227,7 +247,7 @@ def deadline(seconds: float | None, what: str) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-class Guarded:
+class Guarded(Generic[_Component]):
     """Delegates to ``inner`` (an Engine or a Backend); its methods are guarded calls.
 
     ``kind`` (``"engine"``/``"backend"``) names the component in messages and picks the timing
@@ -236,14 +256,14 @@ class Guarded:
 
     def __init__(
         self,
-        inner: Any,
+        inner: _Component,
         *,
         kind: str,
         on_crash: Callable[[str], None],
         timing: dict[str, float],
         deadline_s: float | None,
         eos_token_id: int | None = None,
-        audit: Callable[[Guarded, str, tuple[Any, ...], Any], None] | None = None,
+        audit: Audit | None = None,
     ) -> None:
         self.inner = inner
         #: called with (this, method, args, result) after each answer passes ``check_answer``:
@@ -263,6 +283,7 @@ class Guarded:
         self._closed = False
 
     def __getattr__(self, name: str) -> Any:
+        # the inner component's attribute, whatever it is; a method comes back guarded
         value = getattr(self.inner, name)
         if name in _UNGUARDED or name.startswith("_") or not callable(value):
             return value
@@ -273,7 +294,7 @@ class Guarded:
         """Why the component died, or ``None`` while it works."""
         return self._dead
 
-    def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _call(self, method: str, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
         raise_deferred_interrupt()
         if self._dead is not None:
             raise EngineCrashed(f"{self._label} is dead: {self._dead}")
@@ -335,7 +356,7 @@ def start(
     on_crash: Callable[..., None] | None = None,
     timing: dict[str, float] | None = None,
     eos_token_id: int | None = None,
-    audit: Callable[[Guarded, str, tuple[Any, ...], Any], None] | None = None,
+    audit: Audit | None = None,
 ) -> Guarded:
     """Start the ``kind`` (``"engine"``/``"backend"``) registered as ``name`` on ``config``,
     within ``start_timeout`` seconds, and return it :class:`Guarded` (each call held to
@@ -376,18 +397,29 @@ def start(
     )
 
 
+class _Guarding(TypedDict, total=False):
+    """:func:`start`'s keyword arguments that :func:`started` passes on (``timing`` aside)."""
+
+    start_timeout: float | None
+    call_timeout: float | None
+    on_crash: Callable[..., None] | None
+    eos_token_id: int | None
+    audit: Audit | None
+
+
 @contextmanager
 def started(
     engine: str,
     engine_config: EngineConfig,
     backend: str,
     backend_config: BackendConfig,
-    **guarding: Any,
-) -> Iterator[tuple[Guarded, Guarded]]:
+    *,
+    timing: dict[str, float] | None = None,
+    **guarding: Unpack[_Guarding],
+) -> Iterator[tuple[Guarded[Engine], Guarded[Backend]]]:
     """The engine and backend registered as ``engine`` and ``backend``, started by
     :func:`start` (``guarding``: its keyword arguments) and closed when the block ends, both
     of them whatever fails: the one place a stack is started and stopped as a pair."""
-    timing = guarding.pop("timing", None)
     timing = timing if timing is not None else defaultdict(float)
     engine_ = start("engine", engine, engine_config, timing=timing, **guarding)
     try:

@@ -6,14 +6,23 @@ one line naming the fix), which :meth:`conformance.stack.StackSpec.from_options`
 
 from __future__ import annotations
 
+import contextlib
 import math
 import tempfile
 import tomllib
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    SupportsFloat,
+    SupportsIndex,
+    SupportsInt,
+    TypeVar,
+    cast,
+)
 
 from conformance.depth import DEPTHS, Depth, depth
 from conformance.dtypes import canonical_dtype
@@ -24,7 +33,9 @@ if TYPE_CHECKING:
     from conformance.engines import LogprobKind
 
 #: an option's converter: (its name, the value given) to its typed value, or a UsageError
-Convert = Callable[[str, Any], Any]
+Convert = Callable[[str, object], object]
+
+_Given = TypeVar("_Given")
 
 
 def dest(name: str) -> str:
@@ -33,7 +44,7 @@ def dest(name: str) -> str:
     return "tim_" + name.replace("-", "_")
 
 
-def _as_given(name: str, value: Any) -> Any:
+def _as_given(name: str, value: _Given) -> _Given:
     return value
 
 
@@ -58,12 +69,13 @@ class Option:
     def dest(self) -> str:
         return dest(self.name)
 
-    def typed(self, value: Any) -> Any:
+    def typed(self, value: object) -> object:
         """``value``'s typed value; None stays None."""
         return None if value is None else self.convert(self.name, value)
 
     def default_value(self) -> Any:
-        """The default's typed value."""
+        """The default's typed value (its type is the option's converter's, which the
+        :class:`~conformance.stack.StackSpec` field it fills declares)."""
         return self.typed(self.default)
 
     def help_text(self) -> str:
@@ -107,9 +119,9 @@ def _logprob_kinds() -> list[str]:
 # pyproject table, already a number.
 
 
-def positive_int(name: str, value: Any) -> int:
+def positive_int(name: str, value: object) -> int:
     try:
-        number = int(value)
+        number = int(value) if isinstance(value, (str, bytes, SupportsInt, SupportsIndex)) else 0
     except (TypeError, ValueError):
         number = 0
     if number < 1:
@@ -117,9 +129,11 @@ def positive_int(name: str, value: Any) -> int:
     return number
 
 
-def positive_number(name: str, value: Any) -> float:
+def positive_number(name: str, value: object) -> float:
     try:
-        number = float(value)
+        number = (
+            float(value) if isinstance(value, (str, bytes, SupportsFloat, SupportsIndex)) else 0.0
+        )
     except (TypeError, ValueError):
         number = 0.0
     if not (number > 0 and math.isfinite(number)):
@@ -128,8 +142,8 @@ def positive_number(name: str, value: Any) -> float:
 
 
 def one_of(choices: Sequence[str]) -> Convert:
-    def convert(name: str, value: Any) -> str:
-        if value not in choices:
+    def convert(name: str, value: object) -> str:
+        if not isinstance(value, str) or value not in choices:
             raise UsageError(
                 f"--{name} {value!r} is not one of its choices", f"use {', '.join(choices)}"
             )
@@ -138,35 +152,36 @@ def one_of(choices: Sequence[str]) -> Convert:
     return convert
 
 
-def dtype(name: str, value: Any) -> str:
+def dtype(name: str, value: object) -> str:
     return canonical_dtype(str(value))
 
 
-def depth_named(name: str, value: Any) -> Depth:
+def depth_named(name: str, value: object) -> Depth:
     return depth(str(value))
 
 
-def model_path(name: str, value: Any) -> Path:
+def model_path(name: str, value: object) -> Path:
     """A ``--model`` value's folder (``embedded:NAME`` is built on first use)."""
     from conformance.models import model_folder
 
     return model_folder(str(value))
 
 
-def logprob_kind(name: str, value: Any) -> LogprobKind:
+def logprob_kind(name: str, value: object) -> LogprobKind:
     from conformance.engines import LogprobKind
 
-    try:
-        return LogprobKind(value)
-    except ValueError:
-        raise UsageError(f"unknown logprobs kind {value!r}", "use raw or processed") from None
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return LogprobKind(value)
+    raise UsageError(f"unknown logprobs kind {value!r}", "use raw or processed")
 
 
 def key_values(what: str) -> Convert:
     """A repeatable KEY=VALUE option's pairs as a dict."""
 
-    def convert(name: str, value: Any) -> dict[str, str]:
-        return parse_key_values(list(value), what=what)
+    def convert(name: str, value: object) -> dict[str, str]:
+        # :func:`resolve` gives a repeatable option the list of texts given
+        return parse_key_values(list(cast("Iterable[str]", value)), what=what)
 
     return convert
 
@@ -182,9 +197,10 @@ def parse_key_values(pairs: list[str], *, what: str = "engine option") -> dict[s
     return parsed
 
 
-def server_url(name: str, value: Any) -> str:
+def server_url(name: str, value: object) -> str:
     """An ``--engine-url``: http(s)://HOST[:PORT][/PATH], where a server answers."""
-    parts = urllib.parse.urlsplit(str(value))
+    url = str(value)
+    parts = urllib.parse.urlsplit(url)
     try:
         parts.port  # noqa: B018 — reading it is what checks it
     except ValueError:
@@ -194,7 +210,7 @@ def server_url(name: str, value: Any) -> str:
             f"--{name} {value!r} is not an http(s) URL",
             f"pass e.g. --{name} http://localhost:8000",
         )
-    return value
+    return url
 
 
 #: the attention implementations a backend may be asked for: transformers' own names (its
@@ -381,7 +397,7 @@ STACK_OPTIONS = (
 )
 
 
-def add_stack_options(addoption: Callable[..., Any], *, prefix: str) -> None:
+def add_stack_options(addoption: Callable[..., object], *, prefix: str) -> None:
     """Register every stack option on a pytest group or an argparse parser.
 
     Defaults are left to :func:`resolve` so that ini files and pyproject can fill the gaps.

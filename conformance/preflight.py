@@ -80,4 +80,3 @@ def within_cost(spec: StackSpec, model: ModelInfo, device: dict[str, Any]) -> St
         hidden_size=model.hidden_size, num_layers=model.num_layers, vocab_size=model.vocab_size
     )
     return replace(spec, depth=spec.depth.within_cost(weights, model.max_position_embeddings))
-

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, Protocol, TypeVar
 
 from conformance.errors import NonFiniteLogprobs, UsageError
 from conformance.metric_table import EXAMPLE_METRICS, Breach
@@ -23,16 +23,35 @@ from conformance.outcome import ProfileViolation, PropertyFailure, origin
 
 if TYPE_CHECKING:
     import torch
+    from hypothesis import settings
 
     from conformance.engines.base import SamplingSpec
     from conformance.profiles import Profile
     from conformance.strategies import BatchShape
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 #: token-level points kept per check for the report's plots; the rest stay in results.jsonl
 MAX_SAMPLES = 2000
 #: how a failure message names the two sides ``measure`` compares, by default the backend's
 #: recompute and the engine's report; a check comparing an engine with itself names its own
 SIDES = ("the backend's (lp_train)", "the engine's (lp_infer)")
+
+
+class _HypothesisHandle(Protocol):
+    #: the property's body, which each example runs
+    inner_test: Callable[..., object]
+
+
+class _GivenTest(Protocol):
+    """A ``@given`` property as Hypothesis leaves it: called with no arguments, with its
+    handle (``.hypothesis``) and the settings it was decorated under set on it."""
+
+    hypothesis: _HypothesisHandle
+    _hypothesis_internal_use_settings: settings
+
+    def __call__(self) -> object: ...
 
 
 class RepeatedCase(Exception):
@@ -191,7 +210,7 @@ class Recorder:
         prompts: Sequence[Sequence[int]],
         shape: BatchShape | None = None,
         sampling: SamplingSpec | None = None,
-        **extra: Any,
+        **extra: object,
     ) -> dict[str, Any]:
         """Announce the running example's reproducer — prompt ids, batch shape, sampling spec
         and anything else it drew — before it runs the stack; returns it. An example whose one
@@ -325,7 +344,7 @@ class Recorder:
             metrics, tokens=int(mask.sum()), suite=self._require_check().suite
         )
 
-    def note(self, **values: Any) -> None:
+    def note(self, **values: float) -> None:
         """Record extra per-check numbers (e.g. a simulated floor) next to the metrics."""
         record = self._require_check()
         record.extra.update(values)
@@ -337,7 +356,7 @@ class Recorder:
         if text not in remarks:
             remarks.append(text)
 
-    def describe(self, **context: Any) -> None:
+    def describe(self, **context: object) -> None:
         """Record what sets the running check apart (its report entry's ``context``)."""
         self._require_check().context.update(context)
 
@@ -410,11 +429,11 @@ class Recorder:
         )
 
     # -- the plugin's side -----------------------------------------------------------------
-    def watched(self, run: Callable[..., Any]) -> Callable[..., Any]:
+    def watched(self, run: Callable[_P, _R]) -> Callable[_P, _R | None]:
         """``run`` as one example: its failure kept under its origin, its end marked (wraps
         each Hypothesis example a test runs)."""
 
-        def example(*args: Any, **kwargs: Any) -> Any:
+        def example(*args: _P.args, **kwargs: _P.kwargs) -> _R | None:
             self.begin_example()
             try:
                 result = run(*args, **kwargs)
@@ -430,7 +449,7 @@ class Recorder:
 
         return example
 
-    def run(self, test: Any) -> None:
+    def run(self, test: _GivenTest) -> None:
         """Run the ``@given`` property ``test`` inside the running check, each example watched
         as the plugin watches a test's own: for a test that acts on the shrunk failure."""
         handle = test.hypothesis
@@ -474,7 +493,7 @@ class Recorder:
         return self.current
 
 
-def run_at_top(test: Any, run: Callable[[], Any]) -> None:
+def run_at_top(test: _GivenTest, run: Callable[[], object]) -> None:
     """Run the ``@given`` property ``test`` (through ``run``) on its largest case: one example
     at the top sizes, and where the token budget held that batch's prompts short, one more at
     the longest prompts (:func:`conformance.strategies.at_top_sizes`).
@@ -496,7 +515,7 @@ def run_at_top(test: Any, run: Callable[[], Any]) -> None:
 
 
 @contextmanager
-def one_example_at_batch_size(test: Any, size: int) -> Iterator[None]:
+def one_example_at_batch_size(test: _GivenTest, size: int) -> Iterator[None]:
     """While inside, the ``@given`` property ``test`` runs one example, its batches ``size``
     sequences long (:func:`conformance.strategies.at_batch_size`): run once per
     ``batch_buckets`` size, every run reaches every batch-size bucket. Not shrunk nor stored,
@@ -508,7 +527,7 @@ def one_example_at_batch_size(test: Any, size: int) -> Iterator[None]:
 
 
 @contextmanager
-def _one_example(test: Any) -> Iterator[None]:
+def _one_example(test: _GivenTest) -> Iterator[None]:
     """While inside, ``test`` runs Hypothesis's first (simplest-choice) example only, kept out
     of the example database."""
     from hypothesis import Phase, settings
@@ -579,7 +598,7 @@ def _first_nonfinite(
     return ""
 
 
-def _describe(violations: Sequence[Any]) -> str:
+def _describe(violations: Sequence[Breach]) -> str:
     return "; ".join(str(v) for v in violations)
 
 

@@ -16,13 +16,20 @@ ids-only replay of R3 (arXiv 2510.11370 §3), the ids-and-weights one of prime-r
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+    from torch.utils.hooks import RemovableHandle
+
+    #: what a ``TopKRouter`` returns: ``(router_logits, top_k_weights, top_k_indices)``
+    RouterOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    #: a forward hook on a router: (the router, its positional inputs, its output) to the
+    #: output the forward goes on with
+    RouterHook = Callable[[torch.nn.Module, tuple[object, ...], RouterOutput], RouterOutput]
 
 #: ``routing_replay`` values a backend takes: off; the engine's expert ids with the backend's
 #: own router weights at them; the engine's ids and its combine weights where it reports them
@@ -63,7 +70,7 @@ class RouteTap:
         self.calls: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
         self._current: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._replay: tuple[torch.Tensor, torch.Tensor | None] | None = None
-        self._handles: list[Any] = []
+        self._handles: list[RemovableHandle] = []
 
     @property
     def active(self) -> bool:
@@ -84,8 +91,10 @@ class RouteTap:
             handle.remove()
         self._handles.clear()
 
-    def _hook(self, layer: int) -> Any:
-        def hook(module: torch.nn.Module, _args: Any, output: Any) -> Any:
+    def _hook(self, layer: int) -> RouterHook:
+        def hook(
+            module: torch.nn.Module, _args: tuple[object, ...], output: RouterOutput
+        ) -> RouterOutput:
             logits, weights, experts = output
             if self._replay is not None:
                 weights, experts = _replayed(module, logits, weights, experts, self._replay, layer)

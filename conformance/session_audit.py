@@ -5,7 +5,7 @@ sampled it (:mod:`conformance.support_audit` does the audit; this keeps its book
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from conformance.engines import LogprobKind
 from conformance.metric_table import breach
@@ -14,6 +14,7 @@ from conformance.support_audit import audit_key, audit_rollouts, sampled_batches
 
 if TYPE_CHECKING:
     from conformance.backends import Backend
+    from conformance.engines import Engine
     from conformance.guard import Guarded
     from conformance.profiles import Profile
     from conformance.recorder import Recorder
@@ -36,7 +37,9 @@ class SessionAudit:
         self._profile = profile
         self._backend = backend
 
-    def __call__(self, engine: Guarded, method: str, args: tuple[Any, ...], result: Any) -> None:
+    def __call__(
+        self, engine: Guarded[Engine], method: str, args: tuple[object, ...], result: object
+    ) -> None:
         record = self._recorder.current
         batches = sampled_batches(method, args, result)
         if not batches or record is None:

@@ -19,27 +19,32 @@ import copy
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from conformance.engines import Completion, SamplingSpec
+
+if TYPE_CHECKING:
+    from conformance.engines import Engine
+    from conformance.guard import Guarded
 
 
 @dataclass
 class _Kept:
-    answer: Any
+    #: the engine's answer (``generate``'s completions, ``score``'s rows)
+    answer: object
     #: the check whose request the engine answered
     asked_by: str
     #: the checks this answer went to, ``asked_by`` among them
     served: set[str] = field(default_factory=set)
 
 
-def request_key(method: str, args: tuple[Any, ...]) -> str:
+def request_key(method: str, args: tuple[object, ...]) -> str:
     """A digest of an engine request: the method and its arguments (token ids, the spec)."""
     method_and_args = (method, *(_plain(a) for a in args))
     return hashlib.blake2b(repr(method_and_args).encode(), digest_size=16).hexdigest()
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     if isinstance(value, Sequence) and not isinstance(value, str):
         return tuple(_plain(v) for v in value)
     return value
@@ -52,7 +57,7 @@ class SharedAnswers:
 
     def __init__(
         self,
-        engine: Any,
+        engine: Guarded[Engine],
         *,
         current_check: Callable[[], str | None],
         log: Callable[..., None],
@@ -63,12 +68,12 @@ class SharedAnswers:
         self._kept: dict[str, _Kept] = {}
 
     def generate(self, prompts: Sequence[Sequence[int]], spec: SamplingSpec) -> list[Completion]:
-        return self._ask("generate", (prompts, spec))
+        return cast("list[Completion]", self._ask("generate", (prompts, spec)))
 
     def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
-        return self._ask("score", (sequences,))
+        return cast("list[list[float]]", self._ask("score", (sequences,)))
 
-    def _ask(self, method: str, args: tuple[Any, ...]) -> Any:
+    def _ask(self, method: str, args: tuple[object, ...]) -> object:
         check = self._current_check()
         if check is None or self._engine.weights_changed:
             self._kept.clear()

@@ -8,16 +8,28 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from conformance import options
 from conformance.backends import BackendConfig
+from conformance.backends.base import Layout
 from conformance.depth import Depth, depth
 from conformance.dtypes import implied_profile
 from conformance.engines import EngineConfig, LogprobKind
 from conformance.options import MAX_BATCH_TOKENS, RUN_SHAPE_OPTIONS
 
 _DEFAULT_LOGPROBS: LogprobKind = options.LOGPROBS.default_value()
+
+
+class _BackendChanges(TypedDict, total=False):
+    """What :meth:`StackSpec.backend_config` may change of the stack's :class:`BackendConfig`
+    (its fields but the model)."""
+
+    dtype: str
+    micro_batch_size: int
+    layout: Layout
+    attn_implementation: str
+    options: Mapping[str, str]
 
 
 @dataclass(frozen=True)
@@ -99,7 +111,7 @@ class StackSpec:
             options={**self.engine_options, **option_changes},
         )
 
-    def backend_config(self, model: Path, **changes: Any) -> BackendConfig:
+    def backend_config(self, model: Path, **changes: Unpack[_BackendChanges]) -> BackendConfig:
         """The stack's backend config with ``changes``; ``options`` among them are added to the
         stack's backend options."""
         config = BackendConfig(

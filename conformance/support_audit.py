@@ -23,10 +23,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from conformance.engines.base import Completion, SamplingSpec
 from conformance.sampling import SamplerOrder, outside_support
+
+if TYPE_CHECKING:
+    from conformance.backends import Backend
+    from conformance.engines.base import Request
 
 
 @dataclass(frozen=True)
@@ -47,22 +51,24 @@ def truncates(spec: SamplingSpec) -> bool:
 
 
 def sampled_batches(
-    method: str, args: tuple[Any, ...], result: Sequence[Completion]
+    method: str, args: tuple[object, ...], result: object
 ) -> list[tuple[SamplingSpec, list[Completion], list[int] | None]]:
     """The batches an engine call sampled under a spec that truncates, to audit each under its
     own spec: ``(spec, completions, rows)``, ``rows`` the request index of each completion for
     a mixed batch (``Engine.generate_requests``, grouped by spec) and ``None`` for ``generate``
-    (``args``: the call's, its spec second). Other calls sampled nothing: ``[]``."""
+    (``args``: the call's, its spec second; ``result``: its completions). Other calls sampled
+    nothing: ``[]``."""
     if method == "generate":
-        spec = args[1]
-        return [(spec, list(result), None)] if truncates(spec) else []
+        spec = cast("SamplingSpec", args[1])
+        return [(spec, list(cast("Sequence[Completion]", result)), None)] if truncates(spec) else []
     if method != "generate_requests":
         return []
+    completions = cast("Sequence[Completion]", result)
     by_spec: dict[SamplingSpec, list[int]] = {}
-    for row, request in enumerate(args[0]):
+    for row, request in enumerate(cast("Sequence[Request]", args[0])):
         if truncates(request.spec):
             by_spec.setdefault(request.spec, []).append(row)
-    return [(spec, [result[r] for r in rows], rows) for spec, rows in by_spec.items()]
+    return [(spec, [completions[r] for r in rows], rows) for spec, rows in by_spec.items()]
 
 
 def audit_key(
@@ -89,7 +95,7 @@ AUDIT_POSITIONS = 4096
 
 
 def audit_rollouts(
-    backend: Any,
+    backend: Backend,
     spec: SamplingSpec,
     completions: Sequence[Completion],
     *,
@@ -129,7 +135,7 @@ def _chunks(rows: Sequence[Completion]) -> list[list[Completion]]:
 
 
 def _audit(
-    backend: Any,
+    backend: Backend,
     spec: SamplingSpec,
     rows: Sequence[Completion],
     *,

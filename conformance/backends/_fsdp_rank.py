@@ -31,14 +31,21 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from conformance.backends._layout import Sampling, forward, next_token_logprobs
 from conformance.routing import Replay, Routes, replay_of
 
 if TYPE_CHECKING:
+    from multiprocessing.queues import Queue
+
     import torch
+
+    from conformance.training import PolicyBatch
+
+_T = TypeVar("_T")
 
 #: what a rank runs while the ranks with more micro-batches run theirs
 FILLER = [[0, 0]]
@@ -102,7 +109,7 @@ class Step:
     """One rank's share of an optimizer step."""
 
     #: this rank's shard of the batch (``PolicyBatch.shard``), None when it has none
-    shard: Any
+    shard: PolicyBatch | None
     #: the micro-batches the shard is cut into (``shard.shard(j, pieces)``)
     pieces: int
     #: forward-backward passes every rank runs (the most pieces any rank has)
@@ -115,7 +122,11 @@ class Step:
     routing_replay: str = "none"
 
 
-def serve(setup: RankSetup, requests: Any, replies: Any) -> None:
+def serve(
+    setup: RankSetup,
+    requests: Queue[tuple[int, str, object] | None],
+    replies: Queue[tuple[int, int, bool, object]],
+) -> None:
     """The rank's main loop. Requests are ``(seq, kind, payload)`` or ``None`` (stop); replies
     are ``(seq, rank, ok, payload)``, seq 0 being the start (payload: this process's pid)."""
     rank = int(os.environ["RANK"])
@@ -219,7 +230,7 @@ class _Rank:
         figures = dict.fromkeys(("loss", *COUNTS), 0.0)
         raw = (1.0, 0, 1.0)
         for index in range(step.steps):
-            if index < step.pieces:
+            if index < step.pieces and step.shard is not None:
                 piece = step.shard.shard(index, step.pieces)
                 chunk = [list(s) for s in piece.sequences]
                 replay = replay_of(step.routing_replay, piece.routes, chunk)
@@ -253,14 +264,14 @@ class _Rank:
         self.optimizer = None
 
 
-def _every_step(feed: Feed, run: Any) -> list[Any]:
+def _every_step(feed: Feed, run: Callable[[list[list[int]], int | None], list[_T]]) -> list[_T]:
     """``run(chunk, index)`` on each of the rank's micro-batches, without grad, and
     ``run(FILLER, None)`` for the steps it has none (every forward is a collective); the real
     ones' results in order. Results are numpy arrays: they pickle as bytes, where tensors would
     travel as shared-memory handles."""
     import torch
 
-    out: list[Any] = []
+    out: list[_T] = []
     with torch.no_grad():
         for step in range(feed.steps):
             real = step < len(feed.chunks)

@@ -25,7 +25,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 #: seconds between checks of the ranks' health while waiting for their replies
@@ -60,7 +60,7 @@ class RankGroup:
     def __init__(
         self,
         entry: Callable[..., None],
-        setup: Any,
+        setup: object,
         world_size: int,
         *,
         start_timeout_s: float,
@@ -118,7 +118,7 @@ class RankGroup:
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
         }
 
-    def call(self, kind: str, payloads: Sequence[Any]) -> list[Any]:
+    def call(self, kind: str, payloads: Sequence[object]) -> list[Any]:
         """Send ``payloads[rank]`` to each rank; return their results in rank order."""
         if self._closed:
             raise RankDied("the rank group was stopped")
@@ -198,7 +198,7 @@ class RankGroup:
 
 
 @contextlib.contextmanager
-def _own_signal_handlers() -> Any:
+def _own_signal_handlers() -> Iterator[None]:
     """Keep this process's signal handlers across the launcher's start (it installs its own)."""
     if threading.current_thread() is not threading.main_thread():
         yield

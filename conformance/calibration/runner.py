@@ -31,13 +31,21 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conformance.errors import UsageError
 from conformance.hf_model import AUTO_ATTN
 from conformance.metric_table import METRICS, Metric, metric
 from conformance.strategies import RUN_LENGTHS, chat_text, in_runs, marker_ids
 from conformance.suite_support import ROLLOUT_SUITES
+
+if TYPE_CHECKING:
+    import torch
+
+    from conformance.backends import Recompute
+    from conformance.engines import Completion, Engine
+    from conformance.guard import Guarded
+    from conformance.models import ModelInfo
 
 #: (prompts, prompt length, new tokens) per depth: each depth's small, middle and large ends
 DEPTH_BATCHES = {
@@ -179,7 +187,7 @@ def default_backend_dtypes(engine_dtype: str) -> tuple[str, ...]:
     return ("float32",) if engine_dtype == "float32" else ("float32", engine_dtype)
 
 
-def fitted_batches(plan: Plan, infos: Sequence[Any]) -> tuple[Batch, ...]:
+def fitted_batches(plan: Plan, infos: Sequence[ModelInfo]) -> tuple[Batch, ...]:
     """The plan's batches within every model's context: the rollout kept to half of it, the
     prompt shortened so that prompt + rollout + one more position fit (engines rescore a
     sequence by generating one past it)."""
@@ -213,7 +221,9 @@ Measurements = dict[str, Measured]
 KINDS = ("decoded", "scored")
 
 
-def measure(plan: Plan, progress: Progress = print) -> tuple[dict[str, Measurements], list[Any]]:
+def measure(
+    plan: Plan, progress: Progress = print
+) -> tuple[dict[str, Measurements], list[ModelInfo]]:
     """Run the reference stack of ``plan`` on every model; every metric's values per
     :data:`KINDS`, and the models' :class:`~conformance.models.ModelInfo`.
 
@@ -288,8 +298,8 @@ class _EngineRun:
 
     batch: Batch
     seed: int
-    completions: Sequence[Any]
-    scores: list[Any]
+    completions: Sequence[Completion]
+    scores: list[list[float]]
 
     @property
     def sequences(self) -> list[list[int]]:
@@ -316,8 +326,8 @@ def _engine_attention(plan: Plan, model: Path) -> str:
 
 
 def _engine_runs(
-    engine: Any,
-    ids: Any,
+    engine: Guarded[Engine],
+    ids: torch.Tensor,
     markers: Sequence[int],
     batches: Sequence[Batch],
     seeds: Sequence[int],
@@ -386,7 +396,7 @@ def _prompt(
     return in_runs(drawn, runs[index % len(runs)])
 
 
-def _measured(run: _EngineRun, out: Any) -> dict[str, dict[str, float]]:
+def _measured(run: _EngineRun, out: Recompute) -> dict[str, dict[str, float]]:
     """Metrics of one batch against the backend's recompute ``out``: ``decoded``, of the
     sampled tokens as decoded (on an MoE model with their routing metrics), and ``scored``, of
     the whole sequences as scored in one prefill (what the prefill suite compares)."""
@@ -419,7 +429,7 @@ def _metrics(lp_train: Sequence[Any], lp_infer: Sequence[Any]) -> dict[str, floa
     return found
 
 
-def _chat_prompts(info: Any) -> tuple[tuple[int, ...], ...]:
+def _chat_prompts(info: ModelInfo) -> tuple[tuple[int, ...], ...]:
     """The corpus rendered by the chat template of the model ``info`` describes; none where it
     has no template."""
     if not info.chat_template:
@@ -457,7 +467,7 @@ def threshold(fact: Metric, measured: Measured, plan: Plan) -> tuple[float, str]
     return bound, note
 
 
-def provenance(plan: Plan, infos: Sequence[Any], command: str) -> dict[str, Any]:
+def provenance(plan: Plan, infos: Sequence[ModelInfo], command: str) -> dict[str, Any]:
     """What the profile was measured on, as its ``[provenance]`` table records it."""
     from conformance.host import device_info, package_versions
 
@@ -615,7 +625,7 @@ def _bounds(plan: Plan, measured: Measurements, flips: bool) -> dict[str, tuple[
     }
 
 
-def _toml(value: Any) -> str:
+def _toml(value: object) -> str:
     """A TOML value: strings, numbers, booleans, lists and inline tables (None dropped)."""
     if isinstance(value, bool):
         return "true" if value else "false"

@@ -21,10 +21,10 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 import pytest
 
@@ -42,6 +42,12 @@ from conformance.metrics import mismatch_metrics, stack_ragged
 from conformance.profiles import load_profile
 from conformance.stack import StackSpec
 from conformance.started_stack import StartedStack
+
+if TYPE_CHECKING:
+    from conformance.backends import Backend
+    from conformance.guard import Guarded
+
+_T = TypeVar("_T")
 
 __all__ = [
     "Subject",
@@ -85,6 +91,28 @@ class Subject:
         self.twin = twin
         self._sessions: dict[tuple[str, str, LogprobKind, str], StartedStack] = {}
 
+    @overload
+    def engine(
+        self,
+        *,
+        dtype: str = ...,
+        logprobs: LogprobKind = ...,
+        twin: bool = ...,
+        instance: str = ...,
+        skip: Literal[True] = ...,
+    ) -> Guarded[Engine]: ...
+
+    @overload
+    def engine(
+        self,
+        *,
+        dtype: str = ...,
+        logprobs: LogprobKind = ...,
+        twin: bool = ...,
+        instance: str = ...,
+        skip: bool,
+    ) -> Guarded[Engine] | None: ...
+
     def engine(
         self,
         *,
@@ -93,7 +121,7 @@ class Subject:
         twin: bool = False,
         instance: str = "",
         skip: bool = True,
-    ) -> Any:
+    ) -> Guarded[Engine] | None:
         """The engine in this configuration, started once (another ``instance`` starts another
         one); a configuration it refuses as unsupported skips the calling check with the
         engine's reason (with ``skip`` false: gives ``None``)."""
@@ -110,7 +138,8 @@ class Subject:
             )
             self._sessions[key] = StartedStack(spec, log=_unlogged, current_check=lambda: None)
         try:
-            return self._sessions[key].engine
+            # the started stack's engine, guarded
+            return cast("Guarded[Engine]", self._sessions[key].engine)
         except EngineUnavailable as exc:
             if isinstance(exc.__cause__, Unsupported):
                 self._sessions.pop(key)
@@ -128,7 +157,7 @@ class Subject:
             session.close()
 
 
-def _unlogged(**event: Any) -> None:
+def _unlogged(**event: object) -> None:
     """A contract run keeps no results.jsonl: its verdict is pytest's."""
 
 
@@ -139,7 +168,7 @@ def sequences() -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def hf(subject: Subject) -> Iterator[Any]:
+def hf(subject: Subject) -> Iterator[Guarded[Backend]]:
     """The transformers fp32 forward every engine is measured against."""
     from conformance.backends.base import BackendConfig
 
@@ -163,7 +192,7 @@ def sampled_tail(rows: list[Any], completions: list[Any]) -> list[Any]:
     return [row[-len(c.tokens) :] for row, c in zip(rows, completions, strict=True)]
 
 
-def unless_unsupported(call: Any, what: str) -> Any:
+def unless_unsupported(call: Callable[[], _T], what: str) -> _T:
     """``call()``, or a skip with the engine's reason when it declares ``what`` unsupported."""
     try:
         return call()

@@ -18,11 +18,11 @@ import json
 import random
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -56,6 +56,9 @@ from conformance.training import (
     response_mask,
     step_stats,
 )
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 #: ρ outside [1/OUTSIDE_BAND, OUTSIDE_BAND] counts as extreme (the TIS/MIS cap C = 2)
 OUTSIDE_BAND = 2.0
@@ -221,7 +224,7 @@ def started_stack(spec: StackSpec) -> Iterator[tuple[Engine, Backend]]:
         yield stack
 
 
-def sync(engine: Engine, state: dict[str, torch.Tensor] | Any) -> None:
+def sync(engine: Engine, state: Mapping[str, torch.Tensor]) -> None:
     """Push trainer weights into the engine; an engine that cannot take them is refused."""
     try:
         engine.load_weights(state)
@@ -231,7 +234,7 @@ def sync(engine: Engine, state: dict[str, torch.Tensor] | Any) -> None:
         raise UsageError(problem, "run rl-smoke with an engine that has load_weights") from exc
 
 
-def trained(call: Any, *args: Any, **kwargs: Any) -> Any:
+def trained(call: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
     """``call(...)`` on the backend's training protocol; a backend without it is refused."""
     try:
         return call(*args, **kwargs)
