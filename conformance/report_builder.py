@@ -29,10 +29,26 @@ if TYPE_CHECKING:
     from conformance.started_stack import StartedStack
 
 
+#: seconds between two writes of the report as the run stands (:meth:`ReportBuilder.write`'s
+#: stand-in while it runs): a process killed outright loses at most the checks of the last ones
+PROGRESS_SECONDS = 5.0
+#: what that stand-in says, which only a process that never reached its verdict leaves behind
+UNFINISHED = (
+    "the run ended before its verdict: the harness process was killed or crashed (a native "
+    "crash in an in-process engine or backend, or out of memory)"
+)
+UNFINISHED_FIX = (
+    "rerun; if it dies again, the signal is in the terminal or the system log (dmesg), and "
+    "results.jsonl says how far it got (render this report: tim-conformance report report.json)"
+)
+
+
 class ReportBuilder:
     """Builds the report of a run on ``stack`` judged by ``profile``: the checks as they
     finish, and what cut the run short; ``log`` hears of each check and of the verdict, and
-    ``replay`` gives the command that reruns a check."""
+    ``replay`` gives the command that reruns a check. While the run goes on, report.json holds
+    the checks finished so far under an incomplete verdict, so that a process killed outright
+    (SIGKILL, a segfault in an in-process engine) still leaves what it measured."""
 
     def __init__(
         self,
@@ -60,6 +76,7 @@ class ReportBuilder:
         self._rl: dict[str, Any] | None = None
         self._started = dt.datetime.now(dt.UTC)
         self._clock = time.perf_counter()
+        self._progress_written: float | None = None
 
     # -- what the run tells it -----------------------------------------------------------
     @property
@@ -124,6 +141,7 @@ class ReportBuilder:
         )
         self._checks.append(check)
         self._log(event="check", **{k: v for k, v in check.to_json().items() if k != "samples"})
+        self._write_progress()
         return check
 
     def _breaches(
@@ -143,13 +161,14 @@ class ReportBuilder:
         return f"pooled bounds not judged: {why} (run more examples to judge them)" if why else ""
 
     # -- the summary ---------------------------------------------------------------------
-    def verdict(self) -> tuple[str, str | None]:
+    def verdict(self, *, running: bool = False) -> tuple[str, str | None]:
         """``fail`` when any property was violated — even if the run was then cut short, since
         the stack is known to be broken; else ``incomplete`` when the run could not finish
-        (the stack crashed or hung, a check errored, the run was interrupted); else ``pass``."""
+        (the stack crashed or hung, a check errored, the run was interrupted, or, ``running``,
+        it has not finished yet); else ``pass``."""
         checks = self._checks
         statuses = [c.status for c in checks]
-        unfinished = self._stack.crash or self._interrupted
+        unfinished = self._stack.crash or self._interrupted or (UNFINISHED if running else None)
         if "fail" in statuses:
             return "fail", f"and the run did not finish: {unfinished}" if unfinished else None
         if unfinished:
@@ -172,12 +191,14 @@ class ReportBuilder:
     def _coverage(self) -> list[FeatureCoverage]:
         return feature_coverage(self._stack.model_info.features, self._checks)
 
-    def fix(self) -> str:
+    def fix(self, *, running: bool = False) -> str:
         """What to do about an incomplete run: the crashed component's own fix or the one the
         interruption came with, else where the traceback of the fault that stopped it is."""
         given = self._stack.crash_fix or self._interrupted_fix
         if given:
             return given
+        if running:
+            return UNFINISHED_FIX
         faulted = any(c.status == "error" and c.message.startswith(FAULT) for c in self._checks)
         if faulted and not (self._stack.crash or self._interrupted):
             return (
@@ -185,13 +206,14 @@ class ReportBuilder:
             )
         return "rerun once the cause is fixed; a crashed or hung engine's log says why"
 
-    def report(self) -> Report:
-        verdict, reason = self.verdict()
+    def report(self, *, running: bool = False) -> Report:
+        """The run's report; ``running``: as it stands while it goes on (incomplete)."""
+        verdict, reason = self.verdict(running=running)
         profile, model = self._profile, self._stack.model_info
         return Report(
             verdict=verdict,
             reason=reason,
-            fix=self.fix() if verdict == "incomplete" else None,
+            fix=self.fix(running=running) if verdict == "incomplete" else None,
             created=self._started.isoformat(timespec="seconds"),
             command=self._command,
             seed=self._seed,
@@ -219,6 +241,21 @@ class ReportBuilder:
             harness_overhead=round((wall - compute) / compute, 4) if compute else 0.0,
         )
 
+    def _write_progress(self) -> None:
+        """report.json as the run stands, at most every :data:`PROGRESS_SECONDS` (without the
+        checks' samples, which only the page's plots draw): :meth:`write` replaces it."""
+        now = time.perf_counter()
+        if self._report_dir is None or (
+            self._progress_written is not None and now - self._progress_written < PROGRESS_SECONDS
+        ):
+            return
+        self._progress_written = now
+        data = self.report(running=True).to_json()
+        for check in data["checks"]:
+            check.pop("samples", None)
+        self._report_dir.mkdir(parents=True, exist_ok=True)
+        _replace_json(self._report_dir / "report.json", data)
+
     def write(self) -> Report:
         """The report, logged as the run's end and written to ``report.json`` and
         ``report.html`` in the report folder, if the run has one."""
@@ -227,7 +264,14 @@ class ReportBuilder:
         if self._report_dir is not None:
             from conformance.report import write_html
 
-            path = self._report_dir / "report.json"
-            path.write_text(json.dumps(report.to_json(), indent=1, default=str) + "\n")
+            _replace_json(self._report_dir / "report.json", report.to_json())
             write_html(report, self._report_dir / "report.html")
         return report
+
+
+def _replace_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` to ``path`` whole or not at all (a temporary file renamed over it), so that
+    a process killed while writing leaves the previous report, never half of one."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    partial.replace(path)

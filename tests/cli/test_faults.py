@@ -6,9 +6,12 @@ in results.jsonl only."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from support.certify_runs import ENGINES, VARIANT_EXAMPLES
 
 REPO = Path(__file__).resolve().parents[2]
 BYOE = "tests.support.byoe_engines:"
@@ -69,3 +72,29 @@ def test_an_adapter_fault_in_harness_code_is_one_line_naming_it(tmp_path, cli_en
     (fault,) = events(out, "fault")
     assert fault["nodeid"].endswith("test_rollout_parity")
     assert "Traceback" in fault["traceback"] and "TypeError" in fault["traceback"]
+
+
+def test_a_harness_killed_outright_leaves_the_checks_it_finished(tmp_path, cli_env):
+    """A native crash takes the process before the plugin can write its verdict: the report
+    as the run stood (written as checks finish) is what stays, incomplete, and it renders."""
+    out = tmp_path / "run"
+    result = certify(
+        "--engine", ENGINES + "SegfaultsOnWeightSync", *VARIANT_EXAMPLES,
+        "--suite", "prefill_parity", "--suite", "weight_sync", env=cli_env, out=out,
+    )  # fmt: skip
+    assert result.returncode == -signal.SIGSEGV, (result.stdout + result.stderr)[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "incomplete", report["reason"]
+    assert report["reason"].startswith("the run ended before its verdict: the harness process")
+    assert "dmesg" in report["fix"]
+    finished = {c["suite"] for c in report["checks"]}
+    assert "prefill_parity" in finished, finished
+    assert all(c["metrics"] for c in report["checks"] if c["suite"] == "prefill_parity")
+    assert not (out / "certificate.json").exists()
+    # pytest's fault handler logged where it died
+    assert "Segmentation fault" in (out / "pytest.log").read_text()
+    page = subprocess.run(
+        [sys.executable, "-m", "conformance", "report", str(out / "report.json")],
+        capture_output=True, text=True, env=cli_env, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert page.returncode == 0, page.stderr

