@@ -1,5 +1,5 @@
-"""Two GPU failures of docs/evidence/gpu/2026-11-26-h200/run.sh reproduced outside the suites, to say
-which side is wrong (docs/evidence/gpu/2026-11-26-h200/README.md).
+"""Two GPU failures of docs/evidence/gpu/2026-11-26-h200/run.sh reproduced outside the suites,
+to say which side is wrong (docs/evidence/gpu/2026-11-26-h200/README.md).
 
 padding (fp32): certify's shrunk case, a 1-token prompt left-padded to 65 beside a 65-token one,
 one token sampled at T = 0.7. Per row: the log-prob hf-generate reports for the token it

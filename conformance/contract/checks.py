@@ -24,7 +24,7 @@ import random
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pytest
 
@@ -90,28 +90,6 @@ class Subject:
         #: the in-process engine whose numbers this server engine must reproduce exactly
         self.twin = twin
         self._sessions: dict[tuple[str, str, LogprobKind, str], StartedStack] = {}
-
-    @overload
-    def engine(
-        self,
-        *,
-        dtype: str = ...,
-        logprobs: LogprobKind = ...,
-        twin: bool = ...,
-        instance: str = ...,
-        skip: Literal[True] = ...,
-    ) -> Guarded[Engine]: ...
-
-    @overload
-    def engine(
-        self,
-        *,
-        dtype: str = ...,
-        logprobs: LogprobKind = ...,
-        twin: bool = ...,
-        instance: str = ...,
-        skip: bool,
-    ) -> Guarded[Engine] | None: ...
 
     def engine(
         self,
