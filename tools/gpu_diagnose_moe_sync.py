@@ -1,7 +1,7 @@
 """The MoE weight-sync failure of docs/evidence/gpu/2026-11-26-h200/run.sh replayed outside the
-suite (here on CPU: the device time was spent): which rows are off, and whether a row scores the same alone
-as in its batch. Per step — original weights, after the sync to perturbation seed 2, after
-restoring — each row's summed |Δ log-prob| between hf-generate's scoring (bf16) and the hf
+suite (here on CPU: the device time was spent): which rows are off, and whether a row scores the
+same alone as in its batch. Per step — original weights, after the sync to perturbation seed 2,
+after restoring — each row's summed |Δ log-prob| between hf-generate's scoring (bf16) and the hf
 backend (fp32) holding the same weights, and the batched row's Σ log ρ/√len; rows under 0.5 nats
 are left out, except the longest.
 
