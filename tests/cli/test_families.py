@@ -11,7 +11,7 @@ matrix in docs/families.md (tools/family_matrix.py), a run of about an hour."""
 from __future__ import annotations
 
 import pytest
-from support.certify_runs import VARIANT_EXAMPLES, certify
+from support.certify_runs import ENGINES, VARIANT_EXAMPLES, certify
 
 from conformance.models import ARCHS, make_model
 from conformance.models.build import ROPE_ORIGINAL_POSITIONS
@@ -59,3 +59,20 @@ def test_a_run_too_short_for_the_scaled_rope_is_not_certified_for_its_coverage(
     assert all(c["status"] != "fail" for c in report["checks"])  # no property was violated
     (rope,) = report["coverage"]
     assert rope["reached_by"] == []
+
+
+def test_an_engine_dropping_the_attention_soft_cap_is_not_certified(tmp_path, cli_env) -> None:
+    """The defect SGLang's CPU attention has on Gemma-2 (docs/findings/sglang-gemma2-softcap.md),
+    on the reference engine: prefill parity fails it under the model's own profile, naming the
+    log-probs that differ, not a sampler or a processed-log-prob mode."""
+    model = make_model(tmp_path / "gemma2", arch="gemma2").path
+    code, report, output = certify(
+        "--engine", ENGINES + "DropsAttentionSoftcap", "--model", str(model),
+        "--suite", "prefill_parity", *VARIANT_EXAMPLES, env=cli_env, out=tmp_path / "run",
+    )  # fmt: skip
+    assert code == 1, output[-3000:]
+    assert report["verdict"] == "fail" and report["profile"]["name"].startswith("own-")
+    failed = [c for c in report["checks"] if c["status"] == "fail"]
+    assert failed, report["checks"]
+    assert all("PROCESSED" not in c["message"] for c in failed), failed
+    assert any(c["violations"] for c in failed), failed

@@ -1005,6 +1005,21 @@ class NormEpsFromCode(HFGenerateEngine):
                 module.variance_epsilon = self.EPS
 
 
+class DropsAttentionSoftcap(HFGenerateEngine):
+    """Computes attention without the model's attention-logit soft-cap (Gemma-2's
+    ``attn_logit_softcapping``): SGLang 0.5.23's torch_native attention drops it
+    (docs/findings/sglang-gemma2-softcap.md), its FlashInfer path did too (sglang#33915). The
+    final-logit cap and the sliding window stay; a model without the cap is unchanged."""
+
+    name = "drops-attention-softcap"
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        for module in self._model.modules():
+            if getattr(module, "attn_logit_softcapping", None) is not None:
+                module.attn_logit_softcapping = None
+
+
 class UnpackedAfterReload(HFGenerateEngine):
     """An in-place weight reload writes the MLP weights in checkpoint layout where the kernel
     reads a prepacked one, so the kernel sees the new values scrambled, even when the weights sent
