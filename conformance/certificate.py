@@ -20,7 +20,7 @@ from typing import Any
 
 from conformance import __version__
 from conformance.env import CERT_KEY
-from conformance.errors import UsageError, read_named_file
+from conformance.errors import UsageError
 from conformance.fingerprint import VOLATILE_INFO, stack_fingerprint
 from conformance.metric_table import worst_metrics
 from conformance.options import STACK_OPTIONS, flags
@@ -149,15 +149,13 @@ def write_certificate(
 def load_certificate(cert_path: Path) -> dict[str, Any]:
     """Read a certificate.json; a missing or malformed one is a one-line UsageError."""
     cert_path = Path(cert_path)
-    text = read_named_file(
-        cert_path,
-        "certificate",
-        missing="pass the certificate.json certify wrote",
-        unreadable="pass a certificate.json",
-    )
     try:
-        certificate = json.loads(text)
-    except json.JSONDecodeError as exc:
+        certificate = json.loads(cert_path.read_text("utf-8"))
+    except FileNotFoundError:
+        raise UsageError(
+            f"no certificate at {cert_path}", "pass the certificate.json certify wrote"
+        ) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UsageError(
             f"cannot read certificate {cert_path}: {exc}", "pass a certificate.json"
         ) from None

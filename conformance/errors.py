@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from pathlib import Path
-
 
 class ConformanceError(Exception):
     """Base of every user-facing error; ``str()`` is one line: problem, then the fix."""
@@ -52,25 +47,6 @@ class NonFiniteLogprobs(ConformanceError, ValueError):
         super().__init__(problem, fix)
         #: how many valid positions were NaN/inf (0: there was nothing valid at all)
         self.count = count
-
-
-def read_named_file(
-    path: Path,
-    what: str,
-    *,
-    missing: str,
-    unreadable: str,
-    error: type[ConformanceError] = UsageError,
-) -> str:
-    """The text of the file a user named as ``what`` (a profile, a report, a certificate): one
-    ``error`` line where there is none at ``path`` (``missing``: the fix) or it cannot be read as
-    UTF-8 (``unreadable``: the fix), never a traceback."""
-    try:
-        return path.read_text("utf-8")
-    except FileNotFoundError:
-        raise error(f"no {what} at {path}", missing) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise error(f"cannot read {what} {path}: {exc}", unreadable) from None
 
 
 __all__ = [

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance import releases
-from conformance.errors import ProfileError, read_named_file
+from conformance.errors import ProfileError
 from conformance.metric_table import METRIC_NAMES, Breach, metric, tokens_averaged
 
 _HERE = Path(__file__).parent
@@ -210,15 +210,14 @@ def load_profile(name_or_path: str | Path) -> Profile:
         ProfileError: unknown name, missing or malformed file, unknown metric, bad threshold.
     """
     path = _resolve(name_or_path)
-    text = read_named_file(
-        path,
-        "profile file",
-        missing="pass an existing .toml file or a profile name",
-        unreadable="pass a readable file",
-        error=ProfileError,
-    )
     try:
-        table = tomllib.loads(text)
+        table = tomllib.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        raise ProfileError(
+            f"profile file {path} not found", "pass an existing .toml file or a profile name"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"cannot read profile {path}: {exc}", "pass a readable file") from None
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(
             f"profile {path} is not valid TOML ({exc})", "fix the syntax: lines of metric = number"

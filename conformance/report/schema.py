@@ -25,7 +25,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Self, Union
 
-from conformance.errors import UsageError, read_named_file
+from conformance.errors import UsageError
 from conformance.metric_table import BY_NAME, Bound, Breach
 
 if TYPE_CHECKING:
@@ -352,12 +352,14 @@ def load_report(path: Path) -> Report:
     """Read and validate a report.json; any problem is a one-line UsageError naming the file
     (and the field, for a malformed one)."""
     path = Path(path)
-    text = read_named_file(
-        path,
-        "report",
-        missing="pass the report.json that certify or --tim-report wrote",
-        unreadable="pass a readable report.json",
-    )
+    try:
+        text = path.read_text("utf-8")
+    except FileNotFoundError:
+        raise UsageError(
+            f"no report at {path}", "pass the report.json that certify or --tim-report wrote"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {path}: {exc}", "pass a readable report.json") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -110,7 +110,7 @@ def test_unknown_name_lists_the_available_profiles() -> None:
 
 
 def test_missing_file(tmp_path) -> None:
-    with pytest.raises(ProfileError, match=r"no profile file at .*nope\.toml"):
+    with pytest.raises(ProfileError, match="not found"):
         load_profile(tmp_path / "nope.toml")
 
 
