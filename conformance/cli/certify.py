@@ -167,9 +167,10 @@ def _run_inputs(args: argparse.Namespace, out: Path) -> list[Path]:
             f"suites folder {suites} not found",
             "pass --suites an existing folder, or leave it out to run the installed suites",
         )
+    paths = _suite_paths(suites, args.suite)
     if training_values(vars(args)) and not args.rl_smoke:
         raise UsageError("RL training options without --rl-smoke", "add --rl-smoke or drop them")
-    return _suite_paths(suites, args.suite)
+    return paths
 
 
 #: what a certify cut short before its suites was doing, and what to do about it
