@@ -14,8 +14,8 @@ SHOWN_VIOLATIONS = 3
 
 
 def verdict_lines(report: Report, report_dir: Path | None) -> list[str]:
-    """One row per check (status, headline metrics; ``*`` marks one its verdict did not
-    judge), then the verdict line."""
+    """One row per check (status: PASS, REPORTED, NOT REACHED, FAIL, ERROR, INTERRUPTED;
+    headline metrics, ``*`` marking one its verdict did not judge), then the verdict line."""
     rows = [("suite", "check", "status", *HEADLINE_METRICS)]
     skipped = [c for c in report.checks if c.status == "skip"]
     starred = False
@@ -28,7 +28,9 @@ def verdict_lines(report: Report, report_dir: Path | None) -> list[str]:
             (
                 check.suite,
                 check.name,
-                check.status.upper(),
+                # a pass says what it came to, as the page does: held to a bound, reported
+                # (measured, held to none) or not reached
+                (check.judgement if check.status == "pass" else check.status).upper(),
                 *(
                     f"{metrics[m]:.3g}{'*' * (m in check.not_judged)}" if m in metrics else "-"
                     for m in HEADLINE_METRICS

@@ -22,6 +22,7 @@ from conformance.report import render_html
 from conformance.report.bounds import bound_reasons, closeness, holds_nothing
 from conformance.report.schema import Check, ProfileInfo, Report
 from conformance.report.stats import fraction_of_bound
+from conformance.summary import verdict_lines
 
 from .reports import make_report
 from .test_html import Dom
@@ -118,6 +119,20 @@ def test_no_tick_on_what_was_not_held_to_a_bound() -> None:
     reported = rows_of(page, "test_retokenization_drift")
     assert any("reported, not judged" in row for row in reported)
     assert any("not reached" in row for row in rows_of(page, "test_nothing"))
+
+
+def test_the_terminal_table_says_what_each_check_came_to() -> None:
+    """certify's verdict table reads as the page does: PASS only for a check held to a bound."""
+    report = make_report(torch.float32, checks_per_suite=1)
+    report.checks += kinds().values()
+    lines = verdict_lines(report, None)
+    for kind, check in kinds().items():
+        rows = [line.split() for line in lines if check.name in line.split()]
+        if kind == "skipped":
+            assert rows == [], rows  # listed under its reason, not as a row
+            continue
+        (row,) = rows
+        assert " ".join(row[2:]).startswith(check.judgement.upper()), (kind, row)
 
 
 def test_a_property_shows_its_draws_statistic_and_bound() -> None:
