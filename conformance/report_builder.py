@@ -253,7 +253,6 @@ class ReportBuilder:
         data = self.report(running=True).to_json()
         for check in data["checks"]:
             check.pop("samples", None)
-        self._report_dir.mkdir(parents=True, exist_ok=True)
         _replace_json(self._report_dir / "report.json", data)
 
     def write(self) -> Report:

@@ -98,3 +98,10 @@ def test_a_harness_killed_outright_leaves_the_checks_it_finished(tmp_path, cli_e
         capture_output=True, text=True, env=cli_env, cwd=REPO, timeout=300,
     )  # fmt: skip
     assert page.returncode == 0, page.stderr
+    # and no gate passes it: an incomplete candidate fails whatever it is compared with
+    gate = subprocess.run(
+        [sys.executable, "-m", "conformance", "gate", str(out / "report.json"),
+         str(out / "report.json")],
+        capture_output=True, text=True, env=cli_env, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert gate.returncode == 1 and "candidate run is incomplete" in gate.stdout, gate.stdout
