@@ -201,17 +201,17 @@ def check_certificate(cert_path: Path, stack: Mapping[str, Any]) -> CertificateC
     return _compare_stacks(load_certificate(cert_path), stack)
 
 
-def judge_certificate(cert_path: Path, stack: Mapping[str, Any]) -> LaunchVerdict:
-    """Whether a run of the current ``stack`` may start on the certificate at ``cert_path``: it
-    must be untouched (signature, fingerprint, the report beside it), certify the stack, and
-    name this very stack. A missing or malformed file is a one-line UsageError."""
-    cert_path = Path(cert_path)
-    certificate = load_certificate(cert_path)
+def judge_certificate(
+    certificate: Mapping[str, Any], stack: Mapping[str, Any], *, report_path: Path
+) -> LaunchVerdict:
+    """Whether a run of the current ``stack`` may start on ``certificate``
+    (:func:`load_certificate`'s): it must be untouched (signature, fingerprint, the report at
+    ``report_path``, the one beside it), certify the stack, and name this very stack."""
     signature_reasons, notes = _signature_check(certificate, CERT_KEY.get())
     comparison = _compare_stacks(certificate, stack)
     reasons = [
         *signature_reasons,
-        *_edited_fields(certificate, cert_path.parent / "report.json"),
+        *_edited_fields(certificate, report_path),
         *_not_certified(certificate),
     ]
     if comparison.differences:

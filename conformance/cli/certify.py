@@ -7,12 +7,18 @@ import datetime as dt
 import json
 import shlex
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from conformance import env, releases
+from conformance.certificate import (
+    certified_values,
+    judge_certificate,
+    load_certificate,
+    write_certificate,
+)
 from conformance.errors import EngineCrashed, UsageError
 from conformance.guard import sigterm_as_interrupt
 from conformance.options import (
@@ -118,9 +124,11 @@ def run(args: argparse.Namespace) -> int:
     from conformance.preflight import preflight
     from conformance.stack import StackSpec
 
-    spec = StackSpec.from_options(resolve(vars(args), _option_table(args)))
-    if args.check is not None:
-        return _check(spec, args.check)
+    # read (or refused) before anything starts, and once: the stack it names is the one judged
+    certificate = load_certificate(args.check) if args.check is not None else None
+    spec = StackSpec.from_options(resolve(vars(args), _option_table(args, certificate)))
+    if certificate is not None:
+        return _check(spec, certificate, args.check)
     out = args.out or Path("reports") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     seed = DEFAULT_SEED if args.seed is None else args.seed
     suites = _run_inputs(args, out)
@@ -144,16 +152,15 @@ def run(args: argparse.Namespace) -> int:
     return _conclude(report, out, spec, shown=args.verbose)
 
 
-def _option_table(args: argparse.Namespace) -> dict[str, Any]:
+def _option_table(
+    args: argparse.Namespace, certificate: Mapping[str, Any] | None
+) -> dict[str, Any]:
     """What fills the stack options the command line leaves out: pyproject.toml's
-    ``[tool.tim-conformance]``; for a ``--check`` given none, the values its certificate
-    recorded (the stack it names, not the default one), the certificate read (or refused)
-    before anything starts."""
-    if args.check is None or _stack_given(args):
+    ``[tool.tim-conformance]``; for a ``--check`` given none, the values its ``certificate``
+    recorded (the stack it names, not the default one)."""
+    if certificate is None or _stack_given(args):
         return pyproject_table(Path.cwd())
-    from conformance.certificate import certified_values, load_certificate
-
-    return certified_values(load_certificate(args.check))
+    return certified_values(certificate)
 
 
 def _run_inputs(args: argparse.Namespace, out: Path) -> list[Path]:
@@ -387,7 +394,6 @@ def _last_line(path: Path) -> str:
 def _conclude(report: dict[str, Any], out: Path, spec: StackSpec, *, shown: bool = False) -> int:
     """Write the certificate (of ``spec``'s stack) and say the verdict: its table (unless
     pytest's output, on the terminal, ``shown`` it), then one line; the exit code."""
-    from conformance.certificate import write_certificate
     from conformance.report.schema import as_report
     from conformance.summary import verdict_lines
 
@@ -417,27 +423,25 @@ def _conclude(report: dict[str, Any], out: Path, spec: StackSpec, *, shown: bool
     return 0 if verdict == "pass" else 1
 
 
-def _check(spec: StackSpec, certificate: Path) -> int:
-    """``--check``: whether ``spec``'s stack starts as the one ``certificate`` certified, and the
-    certificate certifies it; the exit code."""
+def _check(spec: StackSpec, certificate: Mapping[str, Any], path: Path) -> int:
+    """``--check``: whether ``spec``'s stack starts as the one ``certificate`` (read from
+    ``path``) certified, and the certificate certifies it; the exit code."""
     from contextlib import closing
 
-    from conformance.certificate import judge_certificate, load_certificate
     from conformance.preflight import preflight
     from conformance.started_stack import StartedStack
 
-    load_certificate(certificate)  # an unreadable one is refused before anything starts
     # no report, no checks: nothing to log, no check running
     started = StartedStack(preflight(spec), log=lambda **_: None, current_check=lambda: None)
     with closing(started) as stack:
         stack.engine  # noqa: B018 — starting it is how its versions and knobs are learned
         stack.backend  # noqa: B018
         fingerprint = stack.fingerprint()
-    verdict = judge_certificate(certificate, fingerprint)
+    verdict = judge_certificate(certificate, fingerprint, report_path=path.parent / "report.json")
     if verdict.certifies:
         print(
             f"tim-conformance: CERTIFIED for this launch: the current stack is the one certified "
-            f"in {certificate}"
+            f"in {path}"
         )
     for reason in verdict.reasons:
         print(f"tim-conformance: NOT CERTIFIED for this launch: {reason}")
