@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, Protocol, TypeVar
 
 from conformance.errors import NonFiniteLogprobs, UsageError
 from conformance.metric_table import EXAMPLE_METRICS, Breach
-from conformance.outcome import ProfileViolation, PropertyFailure, origin
+from conformance.outcome import ProfileViolation, PropertyFailure, first_line, origin
 
 if TYPE_CHECKING:
     import torch
@@ -110,6 +110,11 @@ class CheckRecord:
     metrics: dict[str, float] | None = None
     #: the last failing example per failure origin (the shrunk one once Hypothesis is done)
     failures: dict[tuple[str, str, int], Example] = field(default_factory=dict)
+    #: the last failing example's failure, in one line, and the bound it names where it names
+    #: one: what a report written while the check still runs says of it (the exception itself
+    #: would hold its frames' tensors)
+    failed_with: str = ""
+    breach: Breach | None = None
     #: wall-clock marks for shrinking: the first failure, and the last example
     first_failure_at: float | None = None
     last_example_at: float = 0.0
@@ -181,7 +186,9 @@ class CheckRecord:
 
 
 class Recorder:
-    """The suites' handle on the running check (session-scoped: Hypothesis examples share it)."""
+    """The suites' handle on the running check (session-scoped: Hypothesis examples share it).
+    ``log`` hears of each measurement, ``replay`` gives a check's replay command, and
+    ``example_ended`` is told of each example's end (the report written as the run stands)."""
 
     def __init__(
         self,
@@ -189,10 +196,12 @@ class Recorder:
         *,
         log: Callable[..., None],
         replay: Callable[[str], str],
+        example_ended: Callable[[CheckRecord], None] = lambda record: None,
     ) -> None:
         self._profile = profile
         self._log = log
         self._replay = replay
+        self._example_ended = example_ended
         self.current: CheckRecord | None = None
 
     @contextmanager
@@ -475,6 +484,8 @@ class Recorder:
         record = self._require_check()
         now = time.perf_counter()
         record.failures[origin(exc)] = Example(record.case, record.metrics, record.example or None)
+        record.failed_with = f"{type(exc).__name__}: {first_line(exc)}"
+        record.breach = getattr(exc, "breach", None)
         if record.first_failure_at is None:
             record.first_failure_at = now
 
@@ -485,7 +496,9 @@ class Recorder:
             record.passed_cases.add(record.example_cases[0])
 
     def example_ended(self) -> None:
-        self._require_check().last_example_at = time.perf_counter()
+        record = self._require_check()
+        record.last_example_at = time.perf_counter()
+        self._example_ended(record)
 
     def _require_check(self) -> CheckRecord:
         if self.current is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import time
@@ -103,6 +104,41 @@ class ReportBuilder:
     ) -> Check:
         """Turn a finished check into its report entry. A failed check records the case of the
         failure it names (Hypothesis's final, shrunk example), else its worst example."""
+        found = getattr(outcome.primary, "breach", None) if outcome.status == "fail" else None
+        check = self._entry(record, outcome, exc, found, samples=True)
+        self._checks.append(check)
+        self._log(event="check", **{k: v for k, v in check.to_json().items() if k != "samples"})
+        self._write_progress()
+        return check
+
+    def example_ended(self, record: CheckRecord) -> None:
+        """An example of the running check ended: report.json as the run stands holds that
+        check too (:meth:`_write_progress`)."""
+        self._write_progress(running=record)
+
+    def _running_entry(self, record: CheckRecord) -> Check:
+        """The entry of the check still running: what its examples measured so far, the bounds
+        that already broke, and the failure an example raised with its case (not yet shrunk,
+        and not yet judged: a check may rerun a failed example and pass), ``interrupted``."""
+        failed = f"; an example failed: {record.failed_with}" if record.failed_with else ""
+        message = (
+            f"running when the run ended, after {record.examples_run} measured example(s){failed}"
+        )
+        return self._entry(
+            record, Outcome("interrupted", message), None, record.breach, samples=False
+        )
+
+    def _entry(
+        self,
+        record: CheckRecord,
+        outcome: Outcome,
+        exc: BaseException | None,
+        found: Breach | None,
+        *,
+        samples: bool,
+    ) -> Check:
+        """``record``'s report entry as ``outcome`` ends it, ``found`` the property's own
+        finding (:meth:`_breaches`); with ``samples``, the token points the page plots."""
         profile = self._profile
         metrics, tokens = record.pooled(), record.tokens()
         bounds = profile.bounds(record.suite, tokens, metrics)
@@ -118,7 +154,7 @@ class ReportBuilder:
         case = named.case if named else None
         # an example that failed inside a check that passes (a rerun judged it) was not shrunk
         shrink = record.shrink(self._spec.shrink_seconds) if failure is not None else None
-        check = Check(
+        return Check(
             suite=record.suite,
             name=record.name,
             nodeid=record.nodeid,
@@ -127,29 +163,28 @@ class ReportBuilder:
             metrics=metrics,
             tokens=tokens,
             thresholds={k: v for k, v in bounds.items() if k in metrics},
-            violations=[Violation.of(b) for b in self._breaches(record, outcome, metrics, tokens)],
+            violations=[Violation.of(b) for b in self._breaches(record, found, metrics, tokens)],
             not_judged=profile.unjudged(metrics, tokens=tokens, suite=record.suite),
             worst_case={**case, "replay": self._replay(record.nodeid)} if case else None,
             worst_case_metrics=named.metrics if named else None,
             worst_case_example=named.number if case else None,
             shrink=Shrink(**shrink) if shrink else None,
-            samples=record.samples(),
+            samples=record.samples() if samples else None,
             examples_run=record.examples_run,
             seconds=round(time.perf_counter() - record.started, 3),
             context=record.context,
             reached=record.reached,
         )
-        self._checks.append(check)
-        self._log(event="check", **{k: v for k, v in check.to_json().items() if k != "samples"})
-        self._write_progress()
-        return check
 
     def _breaches(
-        self, record: CheckRecord, outcome: Outcome, metrics: dict[str, float], tokens: int | None
+        self,
+        record: CheckRecord,
+        found: Breach | None,
+        metrics: dict[str, float],
+        tokens: int | None,
     ) -> list[Breach]:
         """The check's violations: the profile's bounds its pooled metrics broke, and the
-        property's own finding (``Recorder.fail``'s breach), first where the check names it."""
-        found = getattr(outcome.primary, "breach", None) if outcome.status == "fail" else None
+        property's own finding ``found`` (``Recorder.fail``'s breach), first where it is one."""
         bounds = self._profile.check(metrics, tokens=tokens, suite=record.suite) if metrics else []
         if found is None or any(b.metric == found.metric for b in bounds):
             return bounds
@@ -161,12 +196,11 @@ class ReportBuilder:
         return f"pooled bounds not judged: {why} (run more examples to judge them)" if why else ""
 
     # -- the summary ---------------------------------------------------------------------
-    def verdict(self, *, running: bool = False) -> tuple[str, str | None]:
+    def _verdict(self, checks: list[Check], *, running: bool) -> tuple[str, str | None]:
         """``fail`` when any property was violated — even if the run was then cut short, since
         the stack is known to be broken; else ``incomplete`` when the run could not finish
         (the stack crashed or hung, a check errored, the run was interrupted, or, ``running``,
         it has not finished yet); else ``pass``."""
-        checks = self._checks
         statuses = [c.status for c in checks]
         unfinished = self._stack.crash or self._interrupted or (UNFINISHED if running else None)
         if "fail" in statuses:
@@ -182,16 +216,18 @@ class ReportBuilder:
             )
         if "pass" not in statuses:
             return "incomplete", "no check ran"
-        unreached = self._scope == "stack" and [f for f in self._coverage() if not f.reached_by]
+        unreached = self._scope == "stack" and [
+            f for f in self._coverage(checks) if not f.reached_by
+        ]
         if unreached:
             # a certificate speaks for the model's features only where a check exercised them
             return "fail", unreached_reason(unreached, checks)
         return "pass", None
 
-    def _coverage(self) -> list[FeatureCoverage]:
-        return feature_coverage(self._stack.model_info.features, self._checks)
+    def _coverage(self, checks: list[Check]) -> list[FeatureCoverage]:
+        return feature_coverage(self._stack.model_info.features, checks)
 
-    def fix(self, *, running: bool = False) -> str:
+    def _fix(self, checks: list[Check], *, running: bool) -> str:
         """What to do about an incomplete run: the crashed component's own fix or the one the
         interruption came with, else where the traceback of the fault that stopped it is."""
         given = self._stack.crash_fix or self._interrupted_fix
@@ -199,21 +235,25 @@ class ReportBuilder:
             return given
         if running:
             return UNFINISHED_FIX
-        faulted = any(c.status == "error" and c.message.startswith(FAULT) for c in self._checks)
+        faulted = any(c.status == "error" and c.message.startswith(FAULT) for c in checks)
         if faulted and not (self._stack.crash or self._interrupted):
             return (
                 f'a {FAULT}: report it with its traceback, logged in results.jsonl (event "fault")'
             )
         return "rerun once the cause is fixed; a crashed or hung engine's log says why"
 
-    def report(self, *, running: bool = False) -> Report:
-        """The run's report; ``running``: as it stands while it goes on (incomplete)."""
-        verdict, reason = self.verdict(running=running)
+    def report(self) -> Report:
+        """The run's report."""
+        return self._report(list(self._checks), running=False)
+
+    def _report(self, checks: list[Check], *, running: bool) -> Report:
+        """The report of ``checks``; ``running``: as the run stands while it goes on."""
+        verdict, reason = self._verdict(checks, running=running)
         profile, model = self._profile, self._stack.model_info
         return Report(
             verdict=verdict,
             reason=reason,
-            fix=self.fix(running=running) if verdict == "incomplete" else None,
+            fix=self._fix(checks, running=running) if verdict == "incomplete" else None,
             created=self._started.isoformat(timespec="seconds"),
             command=self._command,
             seed=self._seed,
@@ -223,10 +263,10 @@ class ReportBuilder:
             scope=self._scope,
             stack=self._stack.fingerprint(),
             profile=ProfileInfo.of(profile, profile.foreign_to(model.sha256, device_info())),
-            checks=list(self._checks),
+            checks=checks,
             timing=self._timing(),
             rl=self._rl,
-            coverage=self._coverage(),
+            coverage=self._coverage(checks),
         )
 
     def _timing(self) -> Timing:
@@ -241,19 +281,24 @@ class ReportBuilder:
             harness_overhead=round((wall - compute) / compute, 4) if compute else 0.0,
         )
 
-    def _write_progress(self) -> None:
-        """report.json as the run stands, at most every :data:`PROGRESS_SECONDS` (without the
-        checks' samples, which only the page's plots draw): :meth:`write` replaces it."""
+    def _write_progress(self, running: CheckRecord | None = None) -> None:
+        """report.json as the run stands, the ``running`` check's entry as it stands included,
+        at most every :data:`PROGRESS_SECONDS` (without the checks' samples, which only the
+        page's plots draw): :meth:`write` replaces it."""
         now = time.perf_counter()
         if self._report_dir is None or (
             self._progress_written is not None and now - self._progress_written < PROGRESS_SECONDS
         ):
             return
         self._progress_written = now
-        data = self.report(running=True).to_json()
+        current = [self._running_entry(running)] if running is not None else []
+        data = self._report([*self._checks, *current], running=True).to_json()
         for check in data["checks"]:
             check.pop("samples", None)
-        _replace_json(self._report_dir / "report.json", data)
+        # a stand-in only: a report folder that takes no file fails the run's own write, which
+        # says so; it must not fail the example that happened to end here
+        with contextlib.suppress(OSError):
+            _replace_json(self._report_dir / "report.json", data)
 
     def write(self) -> Report:
         """The report, logged as the run's end and written to ``report.json`` and

@@ -56,7 +56,13 @@ class HarnessSession:
         self._rootdir = rootdir
         self._started_in = Path.cwd()
         self.profile = load_profile(spec.profile)
-        self.recorder = Recorder(self.profile, log=self.log, replay=self.replay_command)
+        self.recorder = Recorder(
+            self.profile,
+            log=self.log,
+            replay=self.replay_command,
+            # the report's builder is made below, once the stack it reports on is
+            example_ended=lambda record: self.report.example_ended(record),
+        )
         audit = SessionAudit(self.recorder, self.profile, backend=lambda: self.stack.backend)
         self.stack = StartedStack(spec, log=self.log, current_check=self._nodeid, audit=audit)
         self.report = ReportBuilder(

@@ -105,3 +105,32 @@ def test_a_harness_killed_outright_leaves_the_checks_it_finished(tmp_path, cli_e
         capture_output=True, text=True, env=cli_env, cwd=REPO, timeout=300,
     )  # fmt: skip
     assert gate.returncode == 1 and "candidate run is incomplete" in gate.stdout, gate.stdout
+
+
+def test_a_check_killed_mid_run_keeps_what_its_examples_found(tmp_path, cli_env):
+    """The check running when a native crash takes the process is in the report as it stood
+    after its last example: its measurements, the bound they broke and the failing case with
+    its replay command, ``interrupted`` (not judged: its failure was not yet confirmed)."""
+    out = tmp_path / "run"
+    result = certify(
+        "--engine", ENGINES + "ReadsPastItsBuffer", *VARIANT_EXAMPLES,
+        "--suite", "prefill_parity", env=cli_env, out=out,
+    )  # fmt: skip
+    assert result.returncode == -signal.SIGSEGV, (result.stdout + result.stderr)[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "incomplete", report["reason"]
+    (check,) = report["checks"]
+    assert check["suite"] == "prefill_parity" and check["status"] == "interrupted", check
+    assert check["message"].startswith("running when the run ended, after "), check["message"]
+    assert "an example failed: ProfileViolation" in check["message"], check["message"]
+    assert check["examples_run"] >= 1 and check["metrics"]["abs_diff_max"] >= 0.25
+    violation = next(v for v in check["violations"] if v["metric"] == "abs_diff_max")
+    assert violation["value"] >= 0.25 > violation["threshold"], violation
+    assert check["worst_case"]["prompt_ids"] and check["worst_case"]["replay"].startswith("pytest")
+    assert not (out / "certificate.json").exists()
+    page = subprocess.run(
+        [sys.executable, "-m", "conformance", "report", str(out / "report.json")],
+        capture_output=True, text=True, env=cli_env, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert page.returncode == 0, page.stderr
+    assert "abs_diff_max" in (out / "report.html").read_text()

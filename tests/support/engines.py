@@ -446,6 +446,28 @@ class SegfaultsOnWeightSync(HFGenerateEngine):
         ctypes.string_at(0)
 
 
+class ReadsPastItsBuffer(HFGenerateEngine):
+    """An out-of-bounds read in its prefill: what it scores comes back wrong (here each
+    log-prob 0.25 nats off, as from a neighbour's memory), and once a read leaves the mapped
+    pages (its third scoring) the process dies of a real segmentation fault, before the check
+    that found the first defect could finish."""
+
+    name = "reads-past-its-buffer"
+    FATAL_CALL = 3
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self._scorings = 0
+
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        import ctypes
+
+        self._scorings += 1
+        if self._scorings == self.FATAL_CALL:
+            ctypes.string_at(0)
+        return [[lp - 0.25 for lp in row] for row in super().score(sequences)]
+
+
 class FailsToStart(HFGenerateEngine):
     """Cannot start (a missing kernel, no memory for its cache)."""
 
