@@ -36,6 +36,7 @@ import torch
 
 from conformance.dtypes import canonical_dtype
 from conformance.errors import UsageError
+from conformance.hf_model import load_causal_lm
 from conformance.metrics import mismatch_metrics
 
 #: the random stream is cut into blocks of this many tokens, each with its own generator, so
@@ -293,7 +294,6 @@ def kv_rounding_floor(
     cannot be nearer a ``dtype`` trainer than this, in expectation, and one that is much
     further does more than round its cache.
     """
-    from conformance.hf_model import load_causal_lm
 
     fmt = _kv_format(kv_format)
     rounded = kv_rounded_model(model, kv_format, dtype=dtype, rounding=rounding)
@@ -323,7 +323,6 @@ def kv_rounded_model(
     """``model`` loaded in ``dtype`` with every attention layer's keys and values rounded to
     ``kv_format`` (:func:`round_to`) before SDPA: the reference forward of an engine that
     caches them in that format."""
-    from conformance.hf_model import load_causal_lm
 
     return load_causal_lm(Path(model), dtype, kv_rounded_attention(kv_format, rounding))
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from conformance.errors import UsageError
 from conformance.metric_table import BY_NAME, METRICS, worst_metrics
+from conformance.profiles import load_profile
 from conformance.report.html import as_text, code_block, join, number, page, table, tag
 from conformance.report.schema import Report, as_report
 
@@ -210,8 +211,6 @@ def profile_violations(
     check that failed or errored (per-example checks fail without a pooled violation).
     """
     if isinstance(profile, str | Path):
-        from conformance.profiles import load_profile
-
         profile = load_profile(profile)
     lines = []
     for check in candidate.checks:

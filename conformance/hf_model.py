@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from conformance.dtypes import torch_dtype
 from conformance.errors import ModelError
+from conformance.models.features import model_features
 from conformance.releases import ReleaseRange
 from conformance.sampling import truncate
 
@@ -73,7 +74,6 @@ def needs_eager(model: Path) -> bool:
     """Whether the model in the folder has a feature SDPA has no term for
     (:data:`EAGER_ONLY_FEATURES`); False for a folder whose config cannot be read
     (``from_pretrained`` names what is wrong with it)."""
-    from conformance.models.features import model_features
 
     try:
         config = json.loads((Path(model) / "config.json").read_text())

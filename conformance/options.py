@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import (
-    TYPE_CHECKING,
     Any,
     SupportsFloat,
     SupportsIndex,
@@ -24,13 +23,14 @@ from typing import (
     cast,
 )
 
+from conformance.backends import BACKENDS
 from conformance.depth import DEPTHS, Depth, depth
-from conformance.dtypes import canonical_dtype
+from conformance.dtypes import canonical_dtype, dtype_spellings
+from conformance.engines import ENGINES, LogprobKind
 from conformance.errors import UsageError
 from conformance.hf_model import AUTO_ATTN
-
-if TYPE_CHECKING:
-    from conformance.engines import LogprobKind
+from conformance.models import model_folder
+from conformance.profiles import available_profiles
 
 #: an option's converter: (its name, the value given) to its typed value, or a UsageError
 Convert = Callable[[str, object], object]
@@ -85,32 +85,22 @@ class Option:
 
 
 def _engines() -> list[str]:
-    from conformance.engines import ENGINES
-
     return [*ENGINES.names(), "your own module:Class"]
 
 
 def _backends() -> list[str]:
-    from conformance.backends import BACKENDS
-
     return [*BACKENDS.names(), "your own module:Class"]
 
 
 def _profiles() -> list[str]:
-    from conformance.profiles import available_profiles
-
     return [*available_profiles(), "a .toml file"]
 
 
 def _dtypes() -> list[str]:
-    from conformance.dtypes import dtype_spellings
-
     return dtype_spellings()
 
 
 def _logprob_kinds() -> list[str]:
-    from conformance.engines import LogprobKind
-
     return [kind.value for kind in LogprobKind]
 
 
@@ -162,14 +152,11 @@ def depth_named(name: str, value: object) -> Depth:
 
 def model_path(name: str, value: object) -> Path:
     """A ``--model`` value's folder (``embedded:NAME`` is built on first use)."""
-    from conformance.models import model_folder
 
     return model_folder(str(value))
 
 
 def logprob_kind(name: str, value: object) -> LogprobKind:
-    from conformance.engines import LogprobKind
-
     if isinstance(value, str):
         with contextlib.suppress(ValueError):
             return LogprobKind(value)

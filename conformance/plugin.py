@@ -11,6 +11,7 @@ conftest) asks for the harness; else an :class:`Unconfigured`, which refuses che
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -204,8 +205,6 @@ def _prepared(config: pytest.Config) -> PreparedStack | None:
 
 
 def _command(config: pytest.Config) -> str:
-    import shlex
-
     return shlex.join(["pytest", *config.invocation_params.args])
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, Protocol, TypeVar
 from conformance.errors import NonFiniteLogprobs, UsageError
 from conformance.metric_table import EXAMPLE_METRICS, Breach
 from conformance.outcome import ProfileViolation, PropertyFailure, first_line, origin
+from conformance.routing import routing_metrics
 
 if TYPE_CHECKING:
     import torch
@@ -138,7 +139,6 @@ class CheckRecord:
     def pooled(self) -> dict[str, float]:
         """Mismatch metrics over every token measured so far, plus notes."""
         from conformance.metrics import mismatch_metrics, stack_ragged
-        from conformance.routing import routing_metrics
 
         metrics: dict[str, float] = {}
         if self.rows:
@@ -285,7 +285,6 @@ class Recorder:
         import torch
 
         from conformance.metrics import mismatch_metrics, stack_ragged
-        from conformance.routing import routing_metrics
 
         record = self._require_check()
         train_rows = [torch.as_tensor(r, dtype=torch.float64).reshape(-1) for r in lp_train]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from conformance.host import device_info
 from conformance.outcome import FAULT, Outcome
+from conformance.report import write_html
 from conformance.report.coverage import feature_coverage, unreached_reason
 from conformance.report.schema import (
     Check,
@@ -306,8 +307,6 @@ class ReportBuilder:
         report = self.report()
         self._log(event="session_end", verdict=report.verdict, reason=report.reason)
         if self._report_dir is not None:
-            from conformance.report import write_html
-
             _replace_json(self._report_dir / "report.json", report.to_json())
             write_html(report, self._report_dir / "report.html")
         return report

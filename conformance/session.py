@@ -18,6 +18,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conformance.profiles import load_profile
 from conformance.recorder import CheckRecord, Recorder
 from conformance.report_builder import ReportBuilder
 from conformance.session_audit import SessionAudit
@@ -48,8 +49,6 @@ class HarnessSession:
         command: str,
         rootdir: Path | None = None,
     ) -> None:
-        from conformance.profiles import load_profile
-
         self.spec = spec
         self.seed = seed
         self.report_dir = report_dir

@@ -16,6 +16,7 @@ from conformance.backends.base import Layout
 from conformance.depth import Depth, depth
 from conformance.dtypes import implied_profile
 from conformance.engines import EngineConfig, LogprobKind
+from conformance.models import declared_experts, default_model
 from conformance.options import MAX_BATCH_TOKENS, RUN_SHAPE_OPTIONS
 
 _DEFAULT_LOGPROBS: LogprobKind = options.LOGPROBS.default_value()
@@ -65,7 +66,6 @@ class StackSpec:
         """Assemble from :func:`conformance.options.resolve`'s typed values: the profile the
         dtypes (and a MoE model) imply where none is named, the run shape over the depth's
         limits, an ``--engine-url`` among the engine options."""
-        from conformance.models import declared_experts
 
         model: Path | None = values["model"]
         engine_dtype, backend_dtype = values["engine-dtype"], values["backend-dtype"]
@@ -99,7 +99,6 @@ class StackSpec:
     def model_dir(self) -> Path:
         if self.model is not None:
             return self.model
-        from conformance.models import default_model
 
         return default_model()
 

@@ -5,6 +5,7 @@ together.
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from conformance.errors import EngineCrashed
 from conformance.fingerprint import fingerprint
 from conformance.guard import Guarded, start
+from conformance.models import inspect_model
 from conformance.report.schema import Stack
 from conformance.shared_answers import SharedAnswers
 from conformance.stack import StackSpec
@@ -64,8 +66,6 @@ class StartedStack:
     @property
     def model_info(self) -> ModelInfo:
         if self._model_info is None:
-            from conformance.models import inspect_model
-
             self._model_info = inspect_model(self.spec.model_dir())
         return self._model_info
 
@@ -214,8 +214,6 @@ class StartedStack:
 
 
 def format_traceback(exc: BaseException) -> str:
-    import traceback
-
     return "".join(traceback.format_exception(exc))
 
 

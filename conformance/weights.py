@@ -7,6 +7,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from conformance.hf_model import AUTO_ATTN, load_causal_lm
+
 if TYPE_CHECKING:
     import torch
 
@@ -20,7 +22,6 @@ def read_weights(model: Path) -> dict[str, torch.Tensor]:
 
     A tensor the model holds under several names (tied input and output embeddings) is one
     tensor under each of them here too, as :func:`perturbed` needs to keep it one."""
-    from conformance.hf_model import AUTO_ATTN, load_causal_lm
 
     # the weights are read, never run: any implementation the model loads with will do
     lm = load_causal_lm(model, "float32", AUTO_ATTN)

@@ -9,6 +9,8 @@ mismatch alarm nor the collapse detector may fire. The training regime follows
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytestmark = pytest.mark.rl
@@ -20,7 +22,6 @@ SUITE_STEPS = 40
 def test_rl_smoke_natural(tim, recorder, rl_summary, tmp_path, request):
     if not request.config.getoption("tim_rl_smoke"):
         pytest.skip("opt-in: --tim-rl-smoke (trains a copy of the stack for a few minutes)")
-    import json
 
     from conformance.rl.loop import RunConfig, run_smoke, started_stack
     from conformance.rl.options import training_values

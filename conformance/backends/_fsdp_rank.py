@@ -27,6 +27,7 @@ master weights.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import os
 import threading
@@ -36,6 +37,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from conformance.backends._layout import Sampling, forward, next_token_logprobs
+from conformance.dtypes import torch_dtype
+from conformance.hf_model import load_causal_lm
 from conformance.routing import Replay, Routes, replay_of
 
 if TYPE_CHECKING:
@@ -159,15 +162,10 @@ class _Rank:
     """This process's shard of the model, and the optimizer over it once it trains."""
 
     def __init__(self, setup: RankSetup) -> None:
-        import datetime as dt
-
         import torch
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        from conformance.dtypes import torch_dtype
-        from conformance.hf_model import load_causal_lm
 
         # the thread pool was sized when torch was imported, before the launcher set the variable
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

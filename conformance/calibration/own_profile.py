@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conformance import __version__
 from conformance.calibration.runner import (
     METHOD,
     Batch,
@@ -29,6 +30,8 @@ from conformance.calibration.runner import (
     render_profile,
 )
 from conformance.hf_model import AUTO_ATTN
+from conformance.host import device_info
+from conformance.models.cache import cache_root
 
 if TYPE_CHECKING:
     from conformance.models import ModelInfo
@@ -40,7 +43,6 @@ def cached_profile_path(
     """Where the own profile of ``plan`` on ``device`` is cached: keyed by everything that
     changes what calibrate measures (the model's bytes, the device's kind and name, the
     precisions, the depth, the harness's version and calibrate's ``METHOD``)."""
-    from conformance.models.cache import cache_root
 
     key = json.dumps(
         [model_sha256, device.get("kind"), device.get("name"), plan.engine_dtype,
@@ -96,8 +98,6 @@ def own_profile(
     ``max_tokens`` the run's tokens per batch where it is not the depth's,
     ``attn_implementation`` the stack's ``--backend-attn``, ``kv_format`` the format the
     engine caches keys and values in."""
-    from conformance import __version__
-    from conformance.host import device_info
 
     model = info.path
     backends = tuple(dict.fromkeys((*default_backend_dtypes(engine_dtype), backend_dtype)))

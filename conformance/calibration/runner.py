@@ -33,9 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conformance.backends import BackendConfig
+from conformance.engines import EngineConfig, SamplingSpec
 from conformance.errors import UsageError
-from conformance.hf_model import AUTO_ATTN
+from conformance.guard import start
+from conformance.hf_model import AUTO_ATTN, needs_eager
+from conformance.host import device_info, package_versions
 from conformance.metric_table import METRICS, Metric, metric
+from conformance.models import inspect_model
+from conformance.routing import routing_metrics
 from conformance.strategies import RUN_LENGTHS, chat_text, in_runs, marker_ids
 from conformance.suite_support import ROLLOUT_SUITES
 
@@ -231,11 +237,6 @@ def measure(
     precision recomputes the same sequences: the rollouts do not depend on the backend."""
     import torch
 
-    from conformance.backends import BackendConfig
-    from conformance.engines import EngineConfig
-    from conformance.guard import start
-    from conformance.models import inspect_model
-
     infos = [inspect_model(model) for model in plan.models]
     found: dict[str, dict[str, list[float]]] = {
         kind: {m.name: [] for m in METRICS} for kind in KINDS
@@ -311,7 +312,6 @@ def _engine_attention(plan: Plan, model: Path) -> str:
     over keys and values rounded to it (a model that runs eagerly only has no such reference:
     its eager attention lives in its own modeling code, which nothing here can wrap)."""
     from conformance.floor import kv_rounded_attention
-    from conformance.hf_model import needs_eager
 
     if plan.kv_format is None:
         return plan.attn_implementation
@@ -336,8 +336,6 @@ def _engine_runs(
     """Each batch size and sampling seed served once: a rollout batch of that size drawn from
     ``ids`` and the rendered ``chat`` prompts, sampled and then scored whole."""
     import torch
-
-    from conformance.engines import SamplingSpec
 
     for batch, (round_, seed) in itertools.product(batches, enumerate(seeds)):
         prompts, length, new = batch
@@ -402,7 +400,6 @@ def _measured(run: _EngineRun, out: Recompute) -> dict[str, dict[str, float]]:
     the whole sequences as scored in one prefill (what the prefill suite compares)."""
     import torch
 
-    from conformance.routing import routing_metrics
     from conformance.suite_support import generated_routes, generated_rows
 
     lp_train, lp_infer, _ = generated_rows(run.completions, out.logprobs)
@@ -469,7 +466,6 @@ def threshold(fact: Metric, measured: Measured, plan: Plan) -> tuple[float, str]
 
 def provenance(plan: Plan, infos: Sequence[ModelInfo], command: str) -> dict[str, Any]:
     """What the profile was measured on, as its ``[provenance]`` table records it."""
-    from conformance.host import device_info, package_versions
 
     return {
         "command": command,

@@ -6,7 +6,12 @@ import argparse
 import shlex
 from pathlib import Path
 
+from conformance.dtypes import canonical_dtype, dtype_spellings
 from conformance.errors import UsageError
+from conformance.hf_model import AUTO_ATTN
+from conformance.models import default_model, model_folder
+from conformance.options import ATTN_CHOICES
+from conformance.profiles import load_profile
 
 EPILOG = """examples:
   tim-conformance calibrate --model ~/models/mine --out mine-fp32.toml
@@ -29,10 +34,7 @@ DESCRIPTION = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from conformance.calibration.runner import DEPTH_BATCHES
-    from conformance.dtypes import dtype_spellings
     from conformance.floor import KV_CACHE_FORMATS
-    from conformance.hf_model import AUTO_ATTN
-    from conformance.options import ATTN_CHOICES
 
     parser.add_argument(
         "--model",
@@ -112,9 +114,6 @@ def run(args: argparse.Namespace) -> int:
         provenance,
         render_profile,
     )
-    from conformance.dtypes import canonical_dtype
-    from conformance.models import default_model, model_folder
-    from conformance.profiles import load_profile
 
     if args.out.suffix != ".toml":
         raise UsageError(f"--out {args.out} is not a .toml file", "pass e.g. --out mine.toml")

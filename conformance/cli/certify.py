@@ -5,20 +5,24 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import shlex
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from conformance import env, releases
+from conformance.backends import BACKENDS
 from conformance.certificate import (
     certified_values,
     judge_certificate,
     load_certificate,
     write_certificate,
 )
+from conformance.engines import ENGINES
 from conformance.errors import EngineCrashed, UsageError
 from conformance.guard import sigterm_as_interrupt
 from conformance.options import (
@@ -28,8 +32,14 @@ from conformance.options import (
     pyproject_table,
     resolve,
 )
+from conformance.preflight import preflight
+from conformance.report.schema import as_report
 from conformance.rl.options import add_training_options, pytest_args, training_values
+from conformance.session import HarnessSession
+from conformance.stack import StackSpec
+from conformance.started_stack import StartedStack
 from conformance.suites_location import suites_folder
+from conformance.summary import verdict_lines
 
 if TYPE_CHECKING:
     import pytest
@@ -56,9 +66,6 @@ DESCRIPTION = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from conformance.backends import BACKENDS
-    from conformance.engines import ENGINES
-
     supported = releases.help_text(
         {
             "engine": {n: c.capabilities.releases for n, c in ENGINES.declared().items()},
@@ -121,8 +128,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from conformance.preflight import preflight
-    from conformance.stack import StackSpec
 
     # read (or refused) before anything starts, and once: the stack it names is the one judged
     certificate = load_certificate(args.check) if args.check is not None else None
@@ -196,7 +201,6 @@ def _interrupted_before_suites(
     spec: StackSpec, out: Path, seed: int, signal_name: str, stage: str
 ) -> int:
     """An incomplete run's report (no check ran) for a certify cut short before its suites."""
-    from conformance.session import HarnessSession
 
     doing, fix = _BEFORE_SUITES[stage]
     session = HarnessSession(spec, seed=seed, report_dir=out, command=_command())
@@ -296,8 +300,6 @@ def _output_to(log: Path, *, echo: bool) -> Iterator[Callable[[str], None]]:
     """File descriptors 1 and 2 — pytest's output, and whatever the engines and their servers
     print — into ``log``, and with ``echo`` to the terminal as well; yields a writer to the
     terminal."""
-    import os
-    import threading
 
     sys.stdout.flush()
     sys.stderr.flush()
@@ -394,8 +396,6 @@ def _last_line(path: Path) -> str:
 def _conclude(report: dict[str, Any], out: Path, spec: StackSpec, *, shown: bool = False) -> int:
     """Write the certificate (of ``spec``'s stack) and say the verdict: its table (unless
     pytest's output, on the terminal, ``shown`` it), then one line; the exit code."""
-    from conformance.report.schema import as_report
-    from conformance.summary import verdict_lines
 
     certificate = write_certificate(
         out / "report.json", out / "certificate.json", spec=spec.option_values()
@@ -426,10 +426,6 @@ def _conclude(report: dict[str, Any], out: Path, spec: StackSpec, *, shown: bool
 def _check(spec: StackSpec, certificate: Mapping[str, Any], path: Path) -> int:
     """``--check``: whether ``spec``'s stack starts as the one ``certificate`` (read from
     ``path``) certified, and the certificate certifies it; the exit code."""
-    from contextlib import closing
-
-    from conformance.preflight import preflight
-    from conformance.started_stack import StartedStack
 
     # no report, no checks: nothing to log, no check running
     started = StartedStack(preflight(spec), log=lambda **_: None, current_check=lambda: None)

@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 
 import conformance.contract
+from conformance.engines import ENGINES
+from conformance.options import parse_key_values
 
 EPILOG = """exit status: 0 the engine meets the contract (capabilities it declares it lacks are
 skipped with its reason), 1 a check failed (naming the method and what it must do), 2 usage error
@@ -48,9 +50,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import pytest
-
-    from conformance.engines import ENGINES
-    from conformance.options import parse_key_values
 
     # an unknown engine or option is one line before any check starts
     ENGINES.get(args.engine).check_options(parse_key_values(args.engine_option))

@@ -11,6 +11,7 @@ from typing import Any
 
 from conformance.errors import UsageError
 from conformance.models import ARCHS, make_model
+from conformance.models.gguf import gguf_source, model_from_gguf
 
 EPILOG = """examples:
   tim-conformance make-model /tmp/tiny                       # qwen2, 2 layers, hidden 64
@@ -86,8 +87,6 @@ def random_shape(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _convert(out_dir: Path, source: str) -> int:
-    from conformance.models.gguf import gguf_source, model_from_gguf
-
     converted = model_from_gguf(gguf_source(source), out_dir)
     print(
         f"wrote {converted.path} ({converted.arch}, {converted.n_params:,} parameters, fp32) from "

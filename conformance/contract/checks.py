@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pytest
 
+from conformance.backends.base import BackendConfig
 from conformance.engines import (
     ENGINES,
     Engine,
@@ -39,6 +40,7 @@ from conformance.engines import (
 from conformance.errors import EngineCrashed, EngineUnavailable, UsageError
 from conformance.guard import start
 from conformance.metrics import mismatch_metrics, stack_ragged
+from conformance.models import inspect_model, make_model
 from conformance.profiles import load_profile
 from conformance.stack import StackSpec
 from conformance.started_stack import StartedStack
@@ -148,7 +150,6 @@ def sequences() -> list[list[int]]:
 @pytest.fixture(scope="module")
 def hf(subject: Subject) -> Iterator[Guarded[Backend]]:
     """The transformers fp32 forward every engine is measured against."""
-    from conformance.backends.base import BackendConfig
 
     with closing(start("backend", "hf", BackendConfig(model=subject.model))) as backend:
         yield backend
@@ -251,8 +252,6 @@ def test_sampled_logprobs_equal_the_engines_own_scoring(subject: Subject, sequen
 def test_a_stopped_rollout_keeps_its_stop_token_and_its_logprob(
     subject: Subject, sequences
 ) -> None:
-    from conformance.models.info import inspect_model
-
     engine = subject.engine()
     # 16 stop ids: about one step in thirty ends a rollout, so 12 rollouts of 24 tokens mix
     # both endings (all alike about one run in 5,000)
@@ -354,9 +353,6 @@ def test_load_weights_makes_the_engine_score_like_the_new_model(
     subject: Subject, tmp_path: Path, sequences
 ) -> None:
     from safetensors.torch import load_file
-
-    from conformance.backends.base import BackendConfig
-    from conformance.models import inspect_model, make_model
 
     engine = subject.engine()
     if type(engine.inner).load_weights is Engine.load_weights:

@@ -10,13 +10,12 @@ import pytest
 
 from conformance.contract.checks import *  # noqa: F403
 from conformance.contract.checks import Subject
+from conformance.models import default_model
 from conformance.options import parse_key_values
 
 
 @pytest.fixture(scope="module")
 def subject(request: pytest.FixtureRequest) -> Iterator[Subject]:
-    from conformance.models import default_model
-
     config = request.config
     model = config.getoption("contract_model")
     options = parse_key_values(config.getoption("contract_engine_option"))
