@@ -294,7 +294,6 @@ def kv_rounding_floor(
     cannot be nearer a ``dtype`` trainer than this, in expectation, and one that is much
     further does more than round its cache.
     """
-
     fmt = _kv_format(kv_format)
     rounded = kv_rounded_model(model, kv_format, dtype=dtype, rounding=rounding)
     reference = load_causal_lm(Path(model), dtype, "sdpa")
@@ -323,7 +322,6 @@ def kv_rounded_model(
     """``model`` loaded in ``dtype`` with every attention layer's keys and values rounded to
     ``kv_format`` (:func:`round_to`) before SDPA: the reference forward of an engine that
     caches them in that format."""
-
     return load_causal_lm(Path(model), dtype, kv_rounded_attention(kv_format, rounding))
 
 

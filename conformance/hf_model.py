@@ -74,7 +74,6 @@ def needs_eager(model: Path) -> bool:
     """Whether the model in the folder has a feature SDPA has no term for
     (:data:`EAGER_ONLY_FEATURES`); False for a folder whose config cannot be read
     (``from_pretrained`` names what is wrong with it)."""
-
     try:
         config = json.loads((Path(model) / "config.json").read_text())
     except (OSError, ValueError):

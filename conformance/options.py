@@ -152,7 +152,6 @@ def depth_named(name: str, value: object) -> Depth:
 
 def model_path(name: str, value: object) -> Path:
     """A ``--model`` value's folder (``embedded:NAME`` is built on first use)."""
-
     return model_folder(str(value))
 
 

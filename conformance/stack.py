@@ -66,7 +66,6 @@ class StackSpec:
         """Assemble from :func:`conformance.options.resolve`'s typed values: the profile the
         dtypes (and a MoE model) imply where none is named, the run shape over the depth's
         limits, an ``--engine-url`` among the engine options."""
-
         model: Path | None = values["model"]
         engine_dtype, backend_dtype = values["engine-dtype"], values["backend-dtype"]
         moe = model is not None and declared_experts(model) > 0

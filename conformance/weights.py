@@ -22,7 +22,6 @@ def read_weights(model: Path) -> dict[str, torch.Tensor]:
 
     A tensor the model holds under several names (tied input and output embeddings) is one
     tensor under each of them here too, as :func:`perturbed` needs to keep it one."""
-
     # the weights are read, never run: any implementation the model loads with will do
     lm = load_causal_lm(model, "float32", AUTO_ATTN)
     copies: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}

@@ -43,7 +43,6 @@ def cached_profile_path(
     """Where the own profile of ``plan`` on ``device`` is cached: keyed by everything that
     changes what calibrate measures (the model's bytes, the device's kind and name, the
     precisions, the depth, the harness's version and calibrate's ``METHOD``)."""
-
     key = json.dumps(
         [model_sha256, device.get("kind"), device.get("name"), plan.engine_dtype,
          list(plan.backend_dtypes), plan.depth, version, METHOD,
@@ -98,7 +97,6 @@ def own_profile(
     ``max_tokens`` the run's tokens per batch where it is not the depth's,
     ``attn_implementation`` the stack's ``--backend-attn``, ``kv_format`` the format the
     engine caches keys and values in."""
-
     model = info.path
     backends = tuple(dict.fromkeys((*default_backend_dtypes(engine_dtype), backend_dtype)))
     plan = Plan(

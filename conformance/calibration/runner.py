@@ -466,7 +466,6 @@ def threshold(fact: Metric, measured: Measured, plan: Plan) -> tuple[float, str]
 
 def provenance(plan: Plan, infos: Sequence[ModelInfo], command: str) -> dict[str, Any]:
     """What the profile was measured on, as its ``[provenance]`` table records it."""
-
     return {
         "command": command,
         "created": dt.datetime.now().isoformat(timespec="seconds"),

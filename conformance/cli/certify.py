@@ -128,7 +128,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
     # read (or refused) before anything starts, and once: the stack it names is the one judged
     certificate = load_certificate(args.check) if args.check is not None else None
     spec = StackSpec.from_options(resolve(vars(args), _option_table(args, certificate)))
@@ -201,7 +200,6 @@ def _interrupted_before_suites(
     spec: StackSpec, out: Path, seed: int, signal_name: str, stage: str
 ) -> int:
     """An incomplete run's report (no check ran) for a certify cut short before its suites."""
-
     doing, fix = _BEFORE_SUITES[stage]
     session = HarnessSession(spec, seed=seed, report_dir=out, command=_command())
     session.report.note_interrupted(
@@ -300,7 +298,6 @@ def _output_to(log: Path, *, echo: bool) -> Iterator[Callable[[str], None]]:
     """File descriptors 1 and 2 — pytest's output, and whatever the engines and their servers
     print — into ``log``, and with ``echo`` to the terminal as well; yields a writer to the
     terminal."""
-
     sys.stdout.flush()
     sys.stderr.flush()
     terminal, errors = os.dup(1), os.dup(2)
@@ -396,7 +393,6 @@ def _last_line(path: Path) -> str:
 def _conclude(report: dict[str, Any], out: Path, spec: StackSpec, *, shown: bool = False) -> int:
     """Write the certificate (of ``spec``'s stack) and say the verdict: its table (unless
     pytest's output, on the terminal, ``shown`` it), then one line; the exit code."""
-
     certificate = write_certificate(
         out / "report.json", out / "certificate.json", spec=spec.option_values()
     )
@@ -426,7 +422,6 @@ def _conclude(report: dict[str, Any], out: Path, spec: StackSpec, *, shown: bool
 def _check(spec: StackSpec, certificate: Mapping[str, Any], path: Path) -> int:
     """``--check``: whether ``spec``'s stack starts as the one ``certificate`` (read from
     ``path``) certified, and the certificate certifies it; the exit code."""
-
     # no report, no checks: nothing to log, no check running
     started = StartedStack(preflight(spec), log=lambda **_: None, current_check=lambda: None)
     with closing(started) as stack:

@@ -150,7 +150,6 @@ def sequences() -> list[list[int]]:
 @pytest.fixture(scope="module")
 def hf(subject: Subject) -> Iterator[Guarded[Backend]]:
     """The transformers fp32 forward every engine is measured against."""
-
     with closing(start("backend", "hf", BackendConfig(model=subject.model))) as backend:
         yield backend
 

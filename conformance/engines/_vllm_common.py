@@ -86,7 +86,6 @@ def speculation_refusal(options: Mapping[str, Any]) -> Unsupported | None:
     engine's acceptance test divides the logits by an unset temperature: at T > 0 drafted
     tokens are accepted from a distribution that is not the model's, and a top-k request reads
     an unset k (an index error that wedges the engine). Scoring (prefill) is not affected."""
-
     version = vllm_version()
     if "speculative_config" not in options or version not in SPECULATION_LOSES_SAMPLING:
         return None
@@ -228,7 +227,6 @@ def kv_budget_args(options: Mapping[str, Any]) -> dict[str, Any]:
     the one block vLLM's block pool keeps as its null block (``BlockPool.null_block``), as
     ``num_gpu_blocks_override``; and a context no longer than the cache (vLLM refuses to start when
     one request of ``max_model_len`` cannot fit). Nothing where no budget is given."""
-
     tokens = options.get(KV_BUDGET_OPTION)
     if tokens is None:
         return {}
@@ -264,7 +262,6 @@ def environment(root: str, *, enforce_eager: bool, tensor_parallel_size: int) ->
     config and the options, never on the weights. At a tensor-parallel size above 1, each CPU
     worker is bound to cores of its own (:func:`cpu_threads_bind`).
     """
-
     caches = cache_root() / "vllm"
     env = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",

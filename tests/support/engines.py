@@ -8,6 +8,7 @@ Plug one in as ``--engine tests.support.engines:LateDrift`` from the repository 
 from __future__ import annotations
 
 import copy
+import ctypes
 import math
 import random
 import time
@@ -19,6 +20,11 @@ from conformance.engines.base import Completion, EngineConfig, LogprobKind, Requ
 from conformance.engines.hf_generate import HFGenerateEngine
 from conformance.hf_model import device
 from conformance.sampling import STATED_ORDER, SamplerOrder, truncate
+
+
+def _segfault() -> None:
+    """Read address 0: a real segmentation fault in this process, as a native kernel's."""
+    ctypes.string_at(0)
 
 
 def _edit_logprobs(completions: list[Completion], edit: Any) -> list[Completion]:
@@ -441,9 +447,7 @@ class SegfaultsOnWeightSync(HFGenerateEngine):
     name = "segfaults-on-weight-sync"
 
     def load_weights(self, state_dict: Mapping[str, Any]) -> None:
-        import ctypes
-
-        ctypes.string_at(0)
+        _segfault()
 
 
 class ReadsPastItsBuffer(HFGenerateEngine):
@@ -460,11 +464,9 @@ class ReadsPastItsBuffer(HFGenerateEngine):
         self._scorings = 0
 
     def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
-        import ctypes
-
         self._scorings += 1
         if self._scorings == self.FATAL_CALL:
-            ctypes.string_at(0)
+            _segfault()
         return [[lp - 0.25 for lp in row] for row in super().score(sequences)]
 
 
