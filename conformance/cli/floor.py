@@ -19,26 +19,19 @@ DESCRIPTION = (
 )
 
 
+#: the simulation's parameters, Table 2's columns: flag, type, default and help
+PARAMETERS = (
+    ("--vocab", int, 2048, "vocabulary size (default and Table 2: %(default)s)"),
+    ("--logit-std", float, 1.5, "std S of the fp32 logits (default and Table 2: %(default)s)"),
+    ("--tokens", int, 50_000, "tokens to simulate (default and Table 2: %(default)s)"),
+    ("--seed", int, 1234, "seed (default: %(default)s; Table 2: 1234 to 1238)"),
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", required=True, help="the low precision: bf16 or fp16")
-    parser.add_argument(
-        "--vocab", type=int, default=2048, help="vocabulary size (default and Table 2: %(default)s)"
-    )
-    parser.add_argument(
-        "--logit-std",
-        type=float,
-        default=1.5,
-        help="std S of the fp32 logits (default and Table 2: %(default)s)",
-    )
-    parser.add_argument(
-        "--tokens",
-        type=int,
-        default=50_000,
-        help="tokens to simulate (default and Table 2: %(default)s)",
-    )
-    parser.add_argument(
-        "--seed", type=int, default=1234, help="seed (default: %(default)s; Table 2: 1234 to 1238)"
-    )
+    for flag, kind, default, meaning in PARAMETERS:
+        parser.add_argument(flag, type=kind, default=default, help=meaning)
     parser.add_argument(
         "--chunk-rows",
         type=int,

