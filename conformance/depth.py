@@ -29,10 +29,14 @@ reaches them (a grouped batch at the run's group size, where the property draws 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from conformance.errors import UsageError
+
+if TYPE_CHECKING:
+    from conformance.models import ModelInfo
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,17 @@ class Depth:
         if tokens == self.max_batch_tokens or tokens >= corner:  # no drawn batch changes
             return self
         return replace(self, max_batch_tokens=tokens, budget="model cost")
+
+    def for_host(self, model: ModelInfo, device: Mapping[str, Any]) -> Depth:
+        """The depth a run on ``device`` draws for ``model``: on a CPU, within the model's cost
+        (:meth:`within_cost`, its weights per token from :func:`forward_weights`); an
+        accelerator holds the depth's own."""
+        if device.get("kind") != "cpu":
+            return self
+        weights = forward_weights(
+            hidden_size=model.hidden_size, num_layers=model.num_layers, vocab_size=model.vocab_size
+        )
+        return self.within_cost(weights, model.max_position_embeddings)
 
     def run_shape(self) -> dict[str, int | None]:
         """The limits a run is drawn up to, as report.json records them."""

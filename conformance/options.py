@@ -411,6 +411,11 @@ def pyproject_table(rootdir: Path) -> dict[str, Any]:
     return table
 
 
+def stack_given(given: Mapping[str, Any]) -> bool:
+    """Whether ``given`` (keyed by ``Option.dest``) names any stack option."""
+    return any(given.get(o.dest) not in (None, []) for o in STACK_OPTIONS)
+
+
 def resolve(given: Mapping[str, Any], *fallbacks: Mapping[str, Any]) -> dict[str, Any]:
     """Each option's typed value, from the command line first, then each fallback table, then
     the default; a value no converter takes is one UsageError line.

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from conformance.options import STACK_OPTIONS, add_stack_options, pyproject_table, resolve
+from conformance.options import STACK_OPTIONS, add_stack_options, pyproject_table
 from conformance.rl.options import add_training_options
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ def _build_spec(config: pytest.Config, table: dict[str, Any]) -> tuple[StackSpec
     if prepared is not None:
         spec, command = prepared.spec, prepared.command
     else:
-        spec = StackSpec.from_options(resolve(_given(config), _ini_values(config), table))
+        spec = StackSpec.from_options(_given(config), _ini_values(config), table)
         spec, command = preflight(spec), _command(config)
     return spec, command
 

@@ -11,15 +11,13 @@ calibrated once, cached). certify and the plugin both call :func:`preflight`, on
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from conformance import releases
 from conformance.backends import BACKENDS
-from conformance.depth import forward_weights
 from conformance.dtypes import engine_kv_format
 from conformance.engines import ENGINES
 from conformance.host import device_info
-from conformance.models import ModelInfo, inspect_model
+from conformance.models import inspect_model
 from conformance.profiles import load_profile
 from conformance.stack import StackSpec
 
@@ -32,8 +30,13 @@ def preflight(spec: StackSpec) -> StackSpec:
     engine.check_options(spec.engine_options)
     backend.check_options(spec.backend_options)
     model = inspect_model(spec.model_dir())
+    device = device_info()
+    foreign = profile.foreign_to(model.sha256, device)
     context = model.max_position_embeddings
     spec.depth.check_fits(context)
+    shape = spec.depth.for_host(model, device)
+    # an own profile's calibration draws up to it (cheap: the depth's limits against the context)
+    cap = spec.depth.calibration_cap(context)
     # one line for both, once every input passed, before the model is built or anything starts
     releases.warn(
         releases.check_stack(
@@ -43,40 +46,26 @@ def preflight(spec: StackSpec) -> StackSpec:
             }
         )
     )
-    device = device_info()
-    costed = within_cost(spec, model, device)
-    if costed.depth != spec.depth:
+    if shape != spec.depth:
         # once per process, as the warnings are
-        releases.warn(f"drawing at depth {costed.depth.describe()}")
-    foreign = profile.foreign_to(model.sha256, device)
+        releases.warn(f"drawing at depth {shape.describe()}")
     # the shipped profiles hold caches in the model's precision: a lossy cache needs its own
     kv_format = engine_kv_format(spec.engine_options.get("kv_cache_dtype"))
-    if (foreign or kv_format) and not spec.profile_named:
-        # calibration (and Hypothesis, which it draws with) is loaded only where it runs
-        from conformance.calibration.own_profile import own_profile
+    costed = replace(spec, depth=shape)
+    if not (foreign or kv_format) or spec.profile_named:
+        releases.warn(foreign)
+        return costed
+    # calibration (and Hypothesis, which it draws with) is loaded only where it runs
+    from conformance.calibration.own_profile import own_profile
 
-        shape = costed.depth
-        own = own_profile(
-            model,
-            costed.engine_dtype,
-            costed.backend_dtype,
-            shape.name,
-            cap=spec.depth.calibration_cap(context),
-            max_tokens=shape.max_batch_tokens if shape.budget != "depth" else None,
-            attn_implementation=costed.backend_attn,
-            kv_format=kv_format,
-        )
-        return replace(costed, profile=str(own), profile_named=True)
-    releases.warn(foreign)
-    return costed
-
-
-def within_cost(spec: StackSpec, model: ModelInfo, device: dict[str, Any]) -> StackSpec:
-    """On a CPU, ``spec`` with its batches' token budget sized to the model's cost
-    (:meth:`conformance.depth.Depth.within_cost`): an accelerator holds the depth's own."""
-    if device.get("kind") != "cpu":
-        return spec
-    weights = forward_weights(
-        hidden_size=model.hidden_size, num_layers=model.num_layers, vocab_size=model.vocab_size
+    own = own_profile(
+        model,
+        costed.engine_dtype,
+        costed.backend_dtype,
+        shape.name,
+        cap=cap,
+        max_tokens=shape.max_batch_tokens if shape.budget != "depth" else None,
+        attn_implementation=costed.backend_attn,
+        kv_format=kv_format,
     )
-    return replace(spec, depth=spec.depth.within_cost(weights, model.max_position_embeddings))
+    return replace(costed, profile=str(own), profile_named=True)

@@ -9,7 +9,6 @@ into the report. The session joins them and gives the suites one handle (the ``t
 
 from __future__ import annotations
 
-import json
 import random
 import shlex
 import time
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from conformance.profiles import load_profile
 from conformance.recorder import CheckRecord, Recorder
 from conformance.report_builder import ReportBuilder
+from conformance.results_log import ResultsLog
 from conformance.session_audit import SessionAudit
 from conformance.stack import StackSpec
 from conformance.started_stack import StartedStack, format_traceback
@@ -52,6 +52,8 @@ class HarnessSession:
         self.spec = spec
         self.seed = seed
         self.report_dir = report_dir
+        #: appends an event to ``results.jsonl`` (nowhere when the run has no report folder)
+        self.log = ResultsLog(report_dir)
         self._rootdir = rootdir
         self._started_in = Path.cwd()
         self.profile = load_profile(spec.profile)
@@ -73,9 +75,6 @@ class HarnessSession:
             log=self.log,
             replay=self.replay_command,
         )
-        if report_dir is not None:
-            report_dir.mkdir(parents=True, exist_ok=True)
-            (report_dir / "results.jsonl").write_text("")
 
     # -- the stack, as the suites ask for it ------------------------------------------------
     @property
@@ -95,10 +94,6 @@ class HarnessSession:
     def shared_engine(self) -> SharedAnswers:
         return self.stack.shared_engine
 
-    @property
-    def timing(self) -> dict[str, float]:
-        return self.stack.timing
-
     def engine_variant(self, **option_changes: str) -> Engine:
         return self.stack.engine_variant(**option_changes)
 
@@ -108,20 +103,10 @@ class HarnessSession:
     def engine_for(self, model: Path, **option_changes: str) -> AbstractContextManager[Engine]:
         return self.stack.engine_for(model, **option_changes)
 
-    def backend_for(self, model: Path) -> AbstractContextManager[Backend]:
-        return self.stack.backend_for(model)
-
     def close(self) -> None:
         self.stack.close()
 
     # -- recording -----------------------------------------------------------------------
-    def log(self, **event: Any) -> None:
-        """Append ``event`` to ``results.jsonl`` (nowhere when the run has no report folder)."""
-        if self.report_dir is None:
-            return
-        with (self.report_dir / "results.jsonl").open("a") as stream:
-            stream.write(json.dumps(event, default=str) + "\n")
-
     def log_fault(self, nodeid: str, exc: BaseException) -> None:
         """Keep the traceback of an exception a check raised for the log, not the terminal."""
         self.log(event="fault", nodeid=nodeid, traceback=format_traceback(exc))

@@ -62,10 +62,21 @@ class StackSpec:
     start_timeout: float = options.START_TIMEOUT.default_value()
 
     @classmethod
-    def from_options(cls, values: Mapping[str, Any]) -> StackSpec:
-        """Assemble from :func:`conformance.options.resolve`'s typed values: the profile the
-        dtypes (and a MoE model) imply where none is named, the run shape over the depth's
-        limits, an ``--engine-url`` among the engine options."""
+    def from_options(
+        cls,
+        given: Mapping[str, Any],
+        *fallbacks: Mapping[str, Any],
+        recorded: Mapping[str, Any] | None = None,
+    ) -> StackSpec:
+        """The stack the option values name, each converted by its option
+        (:func:`conformance.options.resolve`: ``given`` keyed by ``Option.dest``, then each
+        fallback table, then the default); ``recorded``, a certificate's values, names the
+        stack instead of the fallbacks where ``given`` names no stack option. Assembled: the
+        profile the dtypes (and a MoE model) imply where none is named, the run shape over the
+        depth's limits, an ``--engine-url`` among the engine options."""
+        if recorded is not None and not options.stack_given(given):
+            fallbacks = (recorded,)
+        values = options.resolve(given, *fallbacks)
         model: Path | None = values["model"]
         engine_dtype, backend_dtype = values["engine-dtype"], values["backend-dtype"]
         moe = model is not None and declared_experts(model) > 0

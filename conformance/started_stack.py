@@ -126,13 +126,6 @@ class StartedStack:
         return self._backends[key]
 
     @contextmanager
-    def backend_for(self, model: Path) -> Iterator[Backend]:
-        """A backend like the stack's on another model folder, closed when the block ends."""
-        config = self.spec.backend_config(model)
-        with closing(self._start("backend", config, (("model", model),))) as backend:
-            yield backend
-
-    @contextmanager
     def engine_for(self, model: Path, **option_changes: str) -> Iterator[Engine]:
         """The engine under test started afresh on another model folder, with
         ``option_changes`` on top of its own options, closed when the block ends.

@@ -38,3 +38,22 @@ def suites_folder() -> Path:
         "reinstall tim-conformance from its wheel or a clone (`pip install .`), or pass "
         "--suites DIR",
     )
+
+
+def suite_paths(folder: Path, names: list[str]) -> list[Path]:
+    """The suite files a run runs: all of ``folder``, or the ones ``names`` (``--suite``)
+    name; a folder that is not one, or a name no suite has, is one UsageError line."""
+    if not folder.is_dir():
+        raise UsageError(
+            f"suites folder {folder} not found",
+            "pass --suites an existing folder, or leave it out to run the installed suites",
+        )
+    if not names:
+        return [folder]
+    available = sorted(p.stem.removeprefix("test_") for p in folder.glob("test_*.py"))
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise UsageError(
+            f"unknown suite(s) {', '.join(unknown)}", f"choose from: {', '.join(available)}"
+        )
+    return [folder / f"test_{n}.py" for n in dict.fromkeys(names)]

@@ -120,7 +120,7 @@ def _with_decode_steps(checks: list[dict], results: Path) -> list[dict]:
 def _own_profile(args: argparse.Namespace, shape: list[str], cache: Path) -> Path:
     """The own profile certify would calibrate for this stack, calibrated in ``cache``."""
     from conformance.env import CACHE
-    from conformance.options import RUN_SHAPE_OPTIONS, resolve
+    from conformance.options import RUN_SHAPE_OPTIONS
     from conformance.preflight import preflight
     from conformance.stack import StackSpec
 
@@ -130,7 +130,7 @@ def _own_profile(args: argparse.Namespace, shape: list[str], cache: Path) -> Pat
         if f"--{option.name}" in shape:
             given[option.dest] = shape[shape.index(f"--{option.name}") + 1]
     os.environ[CACHE.name] = str(cache)
-    return Path(preflight(StackSpec.from_options(resolve(given))).profile)
+    return Path(preflight(StackSpec.from_options(given)).profile)
 
 
 if __name__ == "__main__":

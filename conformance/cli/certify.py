@@ -25,20 +25,16 @@ from conformance.certificate import (
 from conformance.engines import ENGINES
 from conformance.errors import EngineCrashed, UsageError
 from conformance.guard import sigterm_as_interrupt
-from conformance.options import (
-    STACK_OPTIONS,
-    add_stack_options,
-    check_output_folder,
-    pyproject_table,
-    resolve,
-)
+from conformance.options import add_stack_options, check_output_folder, pyproject_table
 from conformance.preflight import preflight
+from conformance.profiles import load_profile
 from conformance.report.schema import as_report
-from conformance.rl.options import add_training_options, pytest_args, training_values
-from conformance.session import HarnessSession
+from conformance.report_builder import ReportBuilder
+from conformance.results_log import ResultsLog
+from conformance.rl.options import add_training_options, rl_smoke_args
 from conformance.stack import StackSpec
 from conformance.started_stack import StartedStack
-from conformance.suites_location import suites_folder
+from conformance.suites_location import suite_paths, suites_folder
 from conformance.summary import verdict_lines
 
 if TYPE_CHECKING:
@@ -130,58 +126,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # read (or refused) before anything starts, and once: the stack it names is the one judged
     certificate = load_certificate(args.check) if args.check is not None else None
-    spec = StackSpec.from_options(resolve(vars(args), _option_table(args, certificate)))
-    if certificate is not None:
-        return _check(spec, certificate, args.check)
+    recorded = certified_values(certificate) if certificate is not None else None
+    given = vars(args)
+    spec = StackSpec.from_options(given, pyproject_table(Path.cwd()), recorded=recorded)
     out = args.out or Path("reports") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     seed = DEFAULT_SEED if args.seed is None else args.seed
-    suites = _run_inputs(args, out)
+    if certificate is None:
+        # what only a run reads, each refused in one line before anything starts: a calibration
+        # or an engine start is not spent on a run that would stop at them
+        extra = rl_smoke_args(given, rl_smoke=args.rl_smoke)
+        check_output_folder(out)
+        suites = suite_paths(args.suites or suites_folder(), args.suite)
+    stage, report = "preflight", None
     with sigterm_as_interrupt() as signals:
         try:
             # may calibrate the model's own profile first: minutes, where a run gets cut short
             spec = preflight(spec)
-        except KeyboardInterrupt as exc:
-            return _interrupted_before_suites(spec, out, seed, str(exc) or "Ctrl-C", "preflight")
-        extra = ["--tim-rl-smoke", *pytest_args(vars(args))] if args.rl_smoke else []
-        try:
-            code = _run_suites(spec, suites, out, seed, extra, verbose=args.verbose)
+            if certificate is not None:
+                return _check(spec, certificate, args.check)
+            stage = "startup"
+            report = _run_suites(spec, suites, out, seed, extra, verbose=args.verbose)
         except KeyboardInterrupt:
-            # taken as pytest started (importing it, reading its configuration): the plugin
-            # reports an interrupt only from its session on
-            code = None
-    report = _suites_report(out, code)
+            # in the preflight, or as pytest started (importing it, reading its configuration:
+            # the plugin reports an interrupt only from its session on): no report yet
+            if certificate is not None:
+                raise
+    shown = report is not None and args.verbose
     if report is None:
         taken = signals[-1] if signals else "Ctrl-C"
-        return _interrupted_before_suites(spec, out, seed, taken, "startup")
-    return _conclude(report, out, spec, shown=args.verbose)
-
-
-def _option_table(
-    args: argparse.Namespace, certificate: Mapping[str, Any] | None
-) -> dict[str, Any]:
-    """What fills the stack options the command line leaves out: pyproject.toml's
-    ``[tool.tim-conformance]``; for a ``--check`` given none, the values its ``certificate``
-    recorded (the stack it names, not the default one)."""
-    if certificate is None or _stack_given(args):
-        return pyproject_table(Path.cwd())
-    return certified_values(certificate)
-
-
-def _run_inputs(args: argparse.Namespace, out: Path) -> list[Path]:
-    """The suite files a run will run, once the inputs only a run reads passed (the report
-    folder, the suites, the RL options), each one line before anything starts: a calibration
-    or an engine start is not spent on a run that would stop at them."""
-    check_output_folder(out)
-    suites = args.suites or suites_folder()
-    if not suites.is_dir():
-        raise UsageError(
-            f"suites folder {suites} not found",
-            "pass --suites an existing folder, or leave it out to run the installed suites",
-        )
-    paths = _suite_paths(suites, args.suite)
-    if training_values(vars(args)) and not args.rl_smoke:
-        raise UsageError("RL training options without --rl-smoke", "add --rl-smoke or drop them")
-    return paths
+        report = _interrupted_before_suites(spec, out, seed, taken, stage)
+    return _conclude(report, out, spec, shown=shown)
 
 
 #: what a certify cut short before its suites was doing, and what to do about it
@@ -198,37 +172,28 @@ _BEFORE_SUITES = {
 
 def _interrupted_before_suites(
     spec: StackSpec, out: Path, seed: int, signal_name: str, stage: str
-) -> int:
-    """An incomplete run's report (no check ran) for a certify cut short before its suites."""
+) -> dict[str, Any]:
+    """The report.json, incomplete (no check ran, nothing started), of a certify cut short
+    before its suites."""
     doing, fix = _BEFORE_SUITES[stage]
-    session = HarnessSession(spec, seed=seed, report_dir=out, command=_command())
-    session.report.note_interrupted(
+    builder = ReportBuilder(
+        # nothing of it starts: what the report says of the stack it never started
+        StartedStack(spec, log=lambda **_: None, current_check=lambda: None),
+        load_profile(spec.profile),
+        seed=seed,
+        command=_command(),
+        report_dir=out,
+        log=ResultsLog(out),
+        replay=lambda nodeid: nodeid,  # no check ran
+    )
+    builder.note_interrupted(
         f"interrupted by {signal_name} before the suites ran ({doing})", fix=fix
     )
-    report = session.report.write()
-    return _conclude(report.to_json(), out, spec)
+    return builder.write().to_json()
 
 
 def _command() -> str:
     return shlex.join(["tim-conformance", *sys.argv[1:]])
-
-
-def _stack_given(args: argparse.Namespace) -> bool:
-    """Whether the command line names any stack option."""
-    return any(getattr(args, o.dest) not in (None, []) for o in STACK_OPTIONS)
-
-
-def _suite_paths(folder: Path, names: list[str]) -> list[Path]:
-    """The suite files to run: all of ``folder``, or the ones ``--suite`` names."""
-    if not names:
-        return [folder]
-    available = sorted(p.stem.removeprefix("test_") for p in folder.glob("test_*.py"))
-    unknown = [n for n in names if n not in available]
-    if unknown:
-        raise UsageError(
-            f"unknown suite(s) {', '.join(unknown)}", f"choose from: {', '.join(available)}"
-        )
-    return [folder / f"test_{n}.py" for n in dict.fromkeys(names)]
 
 
 #: pytest's whole output in the report folder (tracebacks, Hypothesis's falsifying examples)
@@ -243,8 +208,10 @@ def _run_suites(
     extra: list[str],
     *,
     verbose: bool,
-) -> int:
-    """pytest's exit code for the suites run on ``spec``, reporting into ``out``. The plugin
+) -> dict[str, Any] | None:
+    """The report.json of the suites run on ``spec`` into ``out``; None where an interrupt
+    as pytest started left none (pytest's INTERRUPTED: before the plugin's session existed).
+    The plugin
     takes ``spec`` as it is (:class:`~conformance.plugin.PreparedStack`): built and
     preflighted once, here. pytest's output goes to ``out``/:data:`PYTEST_LOG`, and with
     ``verbose`` to the terminal too; without, the terminal gets one progress line."""
@@ -285,12 +252,19 @@ def _run_suites(
         f"output: {log})",
         flush=True,
     )
-    plugins: list[Any] = [PreparedStack(spec, _command())]
     with _output_to(log, echo=verbose) as terminal:
-        if not verbose:
-            plugins.append(_Progress(terminal))
+        plugins = [PreparedStack(spec, _command()), *([] if verbose else [_Progress(terminal)])]
         code = int(pytest.main(args, plugins=plugins))
-    return code
+    report_path = out / "report.json"
+    if not report_path.is_file():
+        if code == pytest.ExitCode.INTERRUPTED:
+            return None
+        said = _last_line(log)
+        raise UsageError(
+            f"the suites did not run (pytest exit {code}{': ' + said if said else ''})",
+            f"see {log}",
+        )
+    return json.loads(report_path.read_text())
 
 
 @contextmanager
@@ -362,24 +336,6 @@ class _Progress:
             self.write("\n")
 
 
-def _suites_report(out: Path, code: int | None) -> dict[str, Any] | None:
-    """The suites' report.json; None where an interrupt (``code`` None: before pytest ran;
-    pytest's INTERRUPTED: before the plugin's session existed) left none."""
-    import pytest
-
-    report_path = out / "report.json"
-    if code is None or (code == pytest.ExitCode.INTERRUPTED and not report_path.is_file()):
-        return None
-    if not report_path.is_file():
-        log = out / PYTEST_LOG
-        said = _last_line(log)
-        raise UsageError(
-            f"the suites did not run (pytest exit {code}{': ' + said if said else ''})",
-            f"see {log}",
-        )
-    return json.loads(report_path.read_text())
-
-
 def _last_line(path: Path) -> str:
     """The last non-blank line of ``path`` (pytest's own error, where it stopped); ``""``
     where there is none."""
@@ -420,10 +376,10 @@ def _conclude(report: dict[str, Any], out: Path, spec: StackSpec, *, shown: bool
 
 
 def _check(spec: StackSpec, certificate: Mapping[str, Any], path: Path) -> int:
-    """``--check``: whether ``spec``'s stack starts as the one ``certificate`` (read from
-    ``path``) certified, and the certificate certifies it; the exit code."""
+    """``--check``: whether ``spec``'s stack (preflighted) starts as the one ``certificate``
+    (read from ``path``) certified, and the certificate certifies it; the exit code."""
     # no report, no checks: nothing to log, no check running
-    started = StartedStack(preflight(spec), log=lambda **_: None, current_check=lambda: None)
+    started = StartedStack(spec, log=lambda **_: None, current_check=lambda: None)
     with closing(started) as stack:
         stack.engine  # noqa: B018 — starting it is how its versions and knobs are learned
         stack.backend  # noqa: B018

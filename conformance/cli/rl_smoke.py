@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from conformance import env
-from conformance.options import add_stack_options, check_output_folder, resolve
+from conformance.options import add_stack_options, check_output_folder
 from conformance.profiles import load_profile
 from conformance.rl import grpo
 from conformance.rl.loop import RunConfig, run_smoke, started_stack
@@ -73,36 +73,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the mismatch correction the objective applies (default: %(default)s)",
     )
     add_training_options(parser.add_argument, prefix="", remedy=True)
-    parser.add_argument(
-        "--steps", type=int, default=_DEFAULTS.steps, help="RL steps (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--seed", type=int, default=_DEFAULTS.seed, help="run seed (default: %(default)s)"
-    )
+
+    def run_number(flag: str, kind: type, meaning: str) -> None:
+        """An option whose default is ``RunConfig``'s field of the same name."""
+        default = getattr(_DEFAULTS, flag.removeprefix("--").replace("-", "_"))
+        parser.add_argument(
+            flag, type=kind, default=default, help=f"{meaning} (default: %(default)s)"
+        )
+
+    run_number("--steps", int, "RL steps")
+    run_number("--seed", int, "run seed")
     parser.add_argument(
         "--long", action="store_true", help="answers of 128–160 tokens (default: short ones)"
     )
-    parser.add_argument(
-        "--lr", type=float, default=_DEFAULTS.lr, help="learning rate (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--prompts",
-        type=int,
-        default=_DEFAULTS.prompts,
-        help="prompts per step (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--group",
-        type=int,
-        default=_DEFAULTS.group,
-        help="responses per prompt, at least 2 (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--warm-steps",
-        type=int,
-        default=_DEFAULTS.warm_steps,
-        help="supervised warm-start steps before RL (default: %(default)s)",
-    )
+    run_number("--lr", float, "learning rate")
+    run_number("--prompts", int, "prompts per step")
+    run_number("--group", int, "responses per prompt, at least 2")
+    run_number("--warm-steps", int, "supervised warm-start steps before RL")
     parser.add_argument(
         "--out",
         type=Path,
@@ -113,7 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    spec = StackSpec.from_options(resolve(vars(args)))
+    spec = StackSpec.from_options(vars(args))
     check_output_folder(args.out)
     mid_run = args.scenario in ("inject", "lr-jump")
     at = args.at if args.at is not None else (args.steps // 2 if mid_run else 0)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from conformance.errors import UsageError
 from conformance.options import dest
 
 #: where the importance ratio's denominator comes from: the trainer's recompute at the rollout
@@ -132,6 +133,19 @@ def add_training_options(
 def training_values(values: Mapping[str, Any]) -> dict[str, Any]:
     """``RunConfig`` keyword arguments from parsed options (keyed by ``dest``), given ones only."""
     return {o.field: values[o.dest] for o in TRAINING_OPTIONS if values.get(o.dest) is not None}
+
+
+def rl_smoke_args(values: Mapping[str, Any], *, rl_smoke: bool) -> list[str]:
+    """The pytest flags that add the RL smoke run, with the given training options, to a
+    certify run (none without ``rl_smoke``); training options without it are one UsageError
+    line."""
+    if not rl_smoke:
+        if training_values(values):
+            raise UsageError(
+                "RL training options without --rl-smoke", "add --rl-smoke or drop them"
+            )
+        return []
+    return ["--tim-rl-smoke", *pytest_args(values)]
 
 
 def pytest_args(values: Mapping[str, Any]) -> list[str]:

@@ -184,9 +184,9 @@ import conformance.preflight
 from conformance.stack import StackSpec
 calls = collections.Counter()
 built, checked = StackSpec.from_options.__func__, conformance.preflight.preflight
-def from_options(cls, values):
+def from_options(cls, *args, **kwargs):
     calls["from_options"] += 1
-    return built(cls, values)
+    return built(cls, *args, **kwargs)
 def preflight(spec):
     calls["preflight"] += 1
     return checked(spec)

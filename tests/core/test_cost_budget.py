@@ -7,8 +7,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from conformance.models import ModelInfo
-from conformance.options import resolve
-from conformance.preflight import within_cost
 from conformance.stack import StackSpec
 
 CPU = {"kind": "cpu", "name": "x86_64"}
@@ -34,6 +32,11 @@ def _model(hidden: int, layers: int, vocab: int) -> ModelInfo:
 SMOLLM2 = _model(576, 30, 49_152)
 
 
+def within_cost(spec: StackSpec, model: ModelInfo, device: dict[str, str]) -> StackSpec:
+    """``spec`` drawn as preflight draws it for ``model`` on ``device``."""
+    return replace(spec, depth=spec.depth.for_host(model, device))
+
+
 def test_a_costly_model_on_a_cpu_draws_within_its_cost_and_replays_it():
     spec = within_cost(StackSpec(), SMOLLM2, CPU)
     assert spec.depth.max_batch_tokens == 32 * (1 + 128) and spec.depth.budget == "model cost"
@@ -55,4 +58,4 @@ def test_the_budget_stays_the_depths_on_a_gpu_for_a_small_model_and_when_given()
 
 def _replayed(spec: StackSpec, **changes: str) -> StackSpec:
     """The stack ``spec``'s option values give, with ``changes``, built as a replay builds it."""
-    return StackSpec.from_options(resolve({}, {**spec.option_values(), **changes}))
+    return StackSpec.from_options({}, {**spec.option_values(), **changes})

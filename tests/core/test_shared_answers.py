@@ -27,7 +27,7 @@ def session(tmp_path):
 
 
 def _engine_seconds(session: HarnessSession) -> float:
-    return session.timing["engine_s"]
+    return session.stack.timing["engine_s"]
 
 
 def _events(session: HarnessSession, kind: str) -> list[dict]:

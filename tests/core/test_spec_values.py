@@ -43,22 +43,22 @@ def test_the_typed_values_are_the_options_converted() -> None:
     assert values["shrink-seconds"] == 12.5 and values["logprobs"] is LogprobKind.PROCESSED
     assert values["depth"].name == "deep" and values["max-prompt-len"] == 40
     assert values["engine-option"] == {"max_num_seqs": "4", "seed": "3"}
-    spec = StackSpec.from_options(values)
+    spec = StackSpec.from_options(GIVEN)
     assert spec.engine_options["url"] == "http://localhost:8000"
     assert (spec.depth.max_prompt_len, spec.depth.max_new_tokens) == (40, 9)
 
 
 @pytest.mark.parametrize("given", [{}, GIVEN], ids=["defaults", "every option"])
 def test_a_spec_is_rebuilt_from_its_values_and_from_its_flags(given: dict) -> None:
-    built = StackSpec.from_options(resolve(given))
+    built = StackSpec.from_options(given)
     values = built.option_values()
     # the profile a spec records is named in the rebuilt one, implied or not where it was built
     spec = replace(built, profile_named=True)
-    assert StackSpec.from_options(resolve({}, values)) == spec
+    assert StackSpec.from_options({}, values) == spec
     # a certificate's spec, and the stack_args an older one recorded instead
-    assert StackSpec.from_options(resolve({}, certified_values({"spec": values}))) == spec
+    assert StackSpec.from_options({}, certified_values({"spec": values})) == spec
     args = flags(values, prefix="")
-    assert StackSpec.from_options(resolve({}, certified_values({"stack_args": args}))) == spec
+    assert StackSpec.from_options({}, certified_values({"stack_args": args})) == spec
 
 
 def test_a_certificate_before_both_names_its_stacks_fields() -> None:
