@@ -56,9 +56,14 @@ def implied_profile(engine_dtype: str, backend_dtype: str, *, moe: bool = False)
     return f"moe-{_PROFILE_OF[coarsest]}" if moe else _PROFILE_OF[coarsest]
 
 
+#: the formats an engine's KV cache may hold keys and values in (vLLM's ``kv_cache_dtype``
+#: names) → the name of torch's dtype of that format (``conformance.floor.KV_CACHE_FORMATS``
+#: holds the dtypes; named here so that what takes a format needs no torch)
+KV_FORMATS = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+
 #: an engine's ``kv_cache_dtype`` option value (vLLM's and SGLang's spelling) → the format its
-#: cache holds (``conformance.floor.KV_CACHE_FORMATS``; ``fp8`` is e4m3 on both); ``auto`` and
-#: the rest keep the model's precision
+#: cache holds (a :data:`KV_FORMATS` name; ``fp8`` is e4m3 on both); ``auto`` and the rest keep
+#: the model's precision
 ENGINE_KV_FORMATS = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 
 

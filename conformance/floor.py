@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from conformance.dtypes import canonical_dtype
+from conformance.dtypes import KV_FORMATS, canonical_dtype
 from conformance.errors import UsageError
 from conformance.hf_model import load_causal_lm
 from conformance.metrics import mismatch_metrics
@@ -228,9 +228,8 @@ def _histogram_kl(low: torch.Tensor, fp32: torch.Tensor) -> float:
     return float((h_low * (h_low / h_fp32).log()).sum())
 
 
-#: the formats an engine's KV cache may hold keys and values in (vLLM's ``kv_cache_dtype``
-#: names) → torch's dtype of that format
-KV_CACHE_FORMATS = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+#: each KV-cache format (:data:`conformance.dtypes.KV_FORMATS`) → torch's dtype of that format
+KV_CACHE_FORMATS = {name: getattr(torch, dtype) for name, dtype in KV_FORMATS.items()}
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:

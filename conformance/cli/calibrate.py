@@ -6,7 +6,7 @@ import argparse
 import shlex
 from pathlib import Path
 
-from conformance.dtypes import canonical_dtype, dtype_spellings
+from conformance.dtypes import KV_FORMATS, canonical_dtype, dtype_spellings
 from conformance.errors import UsageError
 from conformance.hf_model import AUTO_ATTN
 from conformance.models import default_model, model_folder
@@ -34,7 +34,6 @@ DESCRIPTION = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from conformance.calibration.runner import DEPTH_BATCHES
-    from conformance.floor import KV_CACHE_FORMATS
 
     parser.add_argument(
         "--model",
@@ -97,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--kv-cache-dtype",
-        choices=tuple(KV_CACHE_FORMATS),
+        choices=tuple(KV_FORMATS),
         help="the format the engine caches keys and values in: the reference engine's are "
         "rounded to it (to nearest) and the safety factor is 3, as for bf16 (default: the "
         "model's precision)",

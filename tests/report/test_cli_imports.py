@@ -1,4 +1,6 @@
-"""``gate`` and ``report`` start without torch: only the subcommand being run is imported."""
+"""``gate`` and ``report`` start without torch, and every subcommand's ``--help`` but
+``rl-smoke``'s (its defaults are the torch-backed RL run's): only the subcommand being run is
+imported."""
 
 from __future__ import annotations
 
@@ -32,6 +34,22 @@ print(codes, sorted({{m.split(".")[0] for m in sys.modules}} & set({HEAVY!r})))
     )
     assert run.stdout.splitlines()[-1] == "[0, 0] []", run.stdout + run.stderr
     assert (tmp_path / "r.html").is_file()
+
+
+@pytest.mark.parametrize("command", sorted(set(SUBCOMMANDS) - {"rl-smoke"}))
+def test_a_subcommands_help_imports_no_torch(cli_env, command) -> None:
+    code = f"""
+import sys
+from conformance.cli import main
+try:
+    main([{command!r}, "--help"])
+except SystemExit as exc:
+    print(exc.code, sorted({{m.split(".")[0] for m in sys.modules}} & set({HEAVY!r})))
+"""
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=cli_env, check=True
+    )
+    assert run.stdout.splitlines()[-1] == "0 []", run.stdout[-300:] + run.stderr
 
 
 def test_report_modules_do_not_import_torch(cli_env) -> None:
