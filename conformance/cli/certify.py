@@ -198,6 +198,8 @@ def _command() -> str:
 
 #: pytest's whole output in the report folder (tracebacks, Hypothesis's falsifying examples)
 PYTEST_LOG = "pytest.log"
+#: what a run writes in its report folder that is read back as its outcome
+_RUN_FILES = ("report.json", "report.html", "certificate.json")
 
 
 def _run_suites(
@@ -242,9 +244,13 @@ def _run_suites(
     ]
     try:
         out.mkdir(parents=True, exist_ok=True)
+        # what an earlier run left in the folder is not this run's: a report it left would be
+        # read as this run's verdict were pytest to stop before the plugin writes one
+        for earlier in _RUN_FILES:
+            (out / earlier).unlink(missing_ok=True)
     except OSError as exc:
         raise UsageError(
-            f"cannot create the report folder {out}: {exc.strerror}", "pass --out a writable folder"
+            f"cannot write the report folder {out}: {exc.strerror}", "pass --out a writable folder"
         ) from None
     log = out / PYTEST_LOG
     print(

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from report.reports import make_report
 
 from conformance.metric_table import metric
 
@@ -33,6 +34,30 @@ def _one_line_error(result: subprocess.CompletedProcess[str]) -> str:
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
     return lines[0]
+
+
+def test_a_report_left_in_the_folder_is_not_the_verdict_of_a_run_whose_suites_never_ran(
+    tmp_path, cli_env
+):
+    """A passing report an earlier run left in ``--out`` is not this run's: where pytest stops
+    before the plugin writes one (a suites conftest that raises), certify says the suites did
+    not run, writes no certificate, and leaves no report to be read as this run's."""
+    suites = tmp_path / "suites"
+    suites.mkdir()
+    (suites / "conftest.py").write_text('raise RuntimeError("a broken conftest")\n')
+    (suites / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    out = tmp_path / "run"
+    out.mkdir()
+    earlier = make_report()
+    assert earlier.verdict == "pass"
+    (out / "report.json").write_text(json.dumps(earlier.to_json()))
+    line = _one_line_error(
+        certify("--suites", str(suites), "--out", str(out), env=cli_env, cwd=tmp_path)
+    )
+    assert (
+        "the suites did not run" in line and "a broken conftest" in (out / "pytest.log").read_text()
+    )
+    assert not (out / "report.json").exists() and not (out / "certificate.json").exists()
 
 
 def test_default_stack_is_certified(tmp_path, cli_env):
