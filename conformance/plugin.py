@@ -21,6 +21,7 @@ import pytest
 
 from conformance.options import STACK_OPTIONS, add_stack_options, pyproject_table
 from conformance.rl.options import add_training_options
+from conformance.suites_location import shipped_suites
 
 if TYPE_CHECKING:
     from conformance.backends.base import Backend
@@ -292,12 +293,15 @@ class HarnessPlugin:
             self._deselected_checks = True
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        """The run's scope: ``stack`` when it runs every suite file of the folders its checks
-        come from with nothing deselected, else ``suites`` (a pass then certifies those suites
-        only)."""
+        """The run's scope: ``stack`` when it runs every suite the harness ships and every
+        suite file of the folders its checks come from, with nothing deselected; else
+        ``suites`` (a pass then certifies those suites only). A folder of one's own suites
+        certifies a stack only beside every shipped one: a folder holding some of them is
+        some of the properties."""
         files = {Path(str(i.path)) for i in session.items if _is_check(i)}
         everything = {p for folder in {f.parent for f in files} for p in folder.glob("test_*.py")}
-        partial = self._deselected_checks or not everything <= files
+        ran = {f.stem.removeprefix("test_") for f in files}
+        partial = self._deselected_checks or not everything <= files or not shipped_suites() <= ran
         self.session.report.record_scope("suites" if partial else "stack")
 
     def pytest_runtest_setup(self, item: pytest.Item) -> None:

@@ -40,6 +40,12 @@ def suites_folder() -> Path:
     )
 
 
+def shipped_suites() -> frozenset[str]:
+    """The names of the suites the harness ships (``test_NAME.py`` in :func:`suites_folder`):
+    the ones a run must have run to certify a whole stack."""
+    return frozenset(p.stem.removeprefix("test_") for p in suites_folder().glob("test_*.py"))
+
+
 def suite_paths(folder: Path, names: list[str]) -> list[Path]:
     """The suite files a run runs: all of ``folder``, or the ones ``names`` (``--suite``)
     name; a folder that is not one, or a name no suite has, is one UsageError line."""

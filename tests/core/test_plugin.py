@@ -72,6 +72,22 @@ def test_a_run_with_suites_deselected_is_not_a_certificate(tmp_path, cli_env):
     assert "PASSED" in (out / "report.html").read_text()
 
 
+def test_a_folder_with_some_of_the_shipped_suites_is_not_a_certificate(tmp_path, cli_env):
+    """Every suite file of one's own folder ran, but not every suite the harness ships: a pass
+    certifies those suites only."""
+    own = tmp_path / "own_suites"
+    own.mkdir()
+    for name in ("conftest.py", "test_rollout_parity.py"):
+        (own / name).write_text((REPO / "suites" / name).read_text())
+    out = tmp_path / "run"
+    result = run_pytest(
+        str(own), "--tim-examples", "2", "--tim-report", str(out), cwd=tmp_path, env=cli_env
+    )
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert "verdict: PASSED — on suite(s) rollout_parity only" in result.stdout
+    assert json.loads((out / "report.json").read_text())["scope"] == "suites"
+
+
 @pytest.mark.parametrize(
     ("configuration", "flags"),
     [
