@@ -393,7 +393,7 @@ class HarnessPlugin:
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if self.final_report is None:
             return
-        from conformance.summary import verdict_lines
+        from conformance.report.summary import verdict_lines
 
         terminalreporter.section("tim-conformance")
         for line in verdict_lines(self.final_report, self.session.report_dir):

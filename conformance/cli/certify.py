@@ -29,13 +29,13 @@ from conformance.options import add_stack_options, check_output_folder, pyprojec
 from conformance.preflight import preflight
 from conformance.profiles import load_profile
 from conformance.report.schema import as_report
+from conformance.report.summary import verdict_lines
 from conformance.report_builder import ReportBuilder
 from conformance.results_log import ResultsLog
 from conformance.rl.options import add_training_options, rl_smoke_args
 from conformance.stack import StackSpec
 from conformance.started_stack import StartedStack
 from conformance.suites_location import suite_paths, suites_folder
-from conformance.summary import verdict_lines
 
 if TYPE_CHECKING:
     import pytest

@@ -23,6 +23,7 @@ from conformance.report.schema import (
     as_report,
 )
 from conformance.report.stats import fraction_of_bound, pool_samples
+from conformance.report.summary import scope_note, verdict_word
 
 #: failing checks shown in full per suite; the rest are listed in one line each
 MAX_DETAILED_FAILURES = 20
@@ -35,11 +36,8 @@ MAX_PROMPT_IDS = 256
 #: prompts shown of a reproducer's batch
 MAX_PROMPTS = 16
 
-VERDICTS = {
-    "pass": ("ok", "CERTIFIED"),
-    "fail": ("bad", "NOT CERTIFIED"),
-    "incomplete": ("warn", "INCOMPLETE"),
-}
+#: each verdict's colour on the page
+VERDICT_CLASSES = {"pass": "ok", "fail": "bad", "incomplete": "warn"}
 #: how each judgement reads: a tick for a check held to a bound, and for nothing else
 JUDGEMENT_MARK: dict[Judgement, str] = {
     "pass": "✔ pass",
@@ -105,28 +103,10 @@ def load_rl_curves(report_dir: Path, report: Report) -> list[dict] | None:
     return rows
 
 
-def verdict_word(report: Report) -> str:
-    """The verdict in a word: a pass of some suites (``scope: suites``) is PASSED, not
-    CERTIFIED."""
-    if report.verdict == "pass" and report.scope == "suites":
-        return "PASSED"
-    return VERDICTS[report.verdict][1]
-
-
-def scope_note(report: Report) -> str:
-    """What a pass of some suites does not cover (empty for anything else)."""
-    if report.verdict != "pass" or report.scope != "suites":
-        return ""
-    return (
-        f"on suite(s) {', '.join(report.suites())} only — not a certificate of the stack "
-        "(run every suite to certify it)"
-    )
-
-
 def verdict_banner(report: Report) -> Markup:
     """The verdict in a word, the checks by judgement, and the warnings a reader must see
     before trusting it: a pass of some suites only, a release newer than tested."""
-    cls, word = VERDICTS[report.verdict][0], verdict_word(report)
+    cls, word = VERDICT_CLASSES[report.verdict], verdict_word(report)
     if scope_note(report):
         cls = "scoped"  # not the certificate's green: it certifies no stack
     judged = Counter(c.judgement for c in report.checks)

@@ -53,7 +53,9 @@ except SystemExit as exc:
 
 
 def test_report_modules_do_not_import_torch(cli_env) -> None:
-    modules = "conformance.report, conformance.gate, conformance.certificate, conformance.summary"
+    modules = (
+        "conformance.report, conformance.gate, conformance.certificate, conformance.report.summary"
+    )
     code = f"import sys, {modules}; print('torch' in sys.modules)"
     run = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=cli_env, check=True

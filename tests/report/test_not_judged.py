@@ -20,7 +20,7 @@ from conformance.metric_table import HEADLINE_METRICS, metric
 from conformance.report import load_report
 from conformance.report.html import as_text, esc
 from conformance.report.schema import Report
-from conformance.summary import verdict_lines
+from conformance.report.summary import verdict_lines
 
 REPO = Path(__file__).resolve().parents[2]
 

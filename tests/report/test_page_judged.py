@@ -22,7 +22,7 @@ from conformance.report import render_html
 from conformance.report.bounds import bound_reasons, closeness, holds_nothing
 from conformance.report.schema import Check, ProfileInfo, Report
 from conformance.report.stats import fraction_of_bound
-from conformance.summary import verdict_lines
+from conformance.report.summary import verdict_lines
 
 from .reports import make_report
 from .test_html import Dom

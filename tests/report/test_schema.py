@@ -18,7 +18,7 @@ from conformance.errors import UsageError
 from conformance.gate import REGRESSED, compare
 from conformance.metric_table import metric
 from conformance.report import Report, load_report, render_html
-from conformance.summary import verdict_lines
+from conformance.report.summary import verdict_lines
 
 from .reports import make_report
 

@@ -1,4 +1,5 @@
-"""The verdict table printed at the end of a run (pytest's summary and ``certify``)."""
+"""The verdict in words: its word, what a pass of some suites does not cover, and the table
+printed at the end of a run (pytest's summary and ``certify``)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,30 @@ from collections import Counter
 from pathlib import Path
 
 from conformance.metric_table import HEADLINE_METRICS
-from conformance.report.page import scope_note, verdict_word
 from conformance.report.schema import Check, Report
 
 #: violations named on a failed check's ``bound:`` line; the rest are in report.json
 SHOWN_VIOLATIONS = 3
+#: each verdict in a word
+VERDICT_WORDS = {"pass": "CERTIFIED", "fail": "NOT CERTIFIED", "incomplete": "INCOMPLETE"}
+
+
+def verdict_word(report: Report) -> str:
+    """The verdict in a word: a pass of some suites (``scope: suites``) is PASSED, not
+    CERTIFIED."""
+    if report.verdict == "pass" and report.scope == "suites":
+        return "PASSED"
+    return VERDICT_WORDS[report.verdict]
+
+
+def scope_note(report: Report) -> str:
+    """What a pass of some suites does not cover (empty for anything else)."""
+    if report.verdict != "pass" or report.scope != "suites":
+        return ""
+    return (
+        f"on suite(s) {', '.join(report.suites())} only — not a certificate of the stack "
+        "(run every suite to certify it)"
+    )
 
 
 def verdict_lines(report: Report, report_dir: Path | None) -> list[str]:
