@@ -30,9 +30,11 @@ CERTIFICATE_SCHEMA = 1
 #: how ``signature`` starts: the MAC it holds, in case another ever joins it
 SIGNATURE_PREFIX = "hmac-sha256:"
 #: fields a certificate rebuilt from its report need not share with it: the signature is over
-#: the rest, the harness's version is the one that wrote it (the stack records it too), and the
-#: stack's options are certify's (the stack they give is held to the certified one by --check)
-_NOT_FROM_REPORT = ("signature", "tim_conformance", "spec", "stack_args")
+#: the rest, and the harness's version is the one that wrote it (the stack records it too)
+_NOT_FROM_REPORT = ("signature", "tim_conformance")
+#: fields a report from before it recorded the stack's options cannot rebuild (certify gave
+#: them; the stack they give is held to the certified one by --check all the same)
+_SPEC_FIELDS = ("spec", "stack_args")
 
 #: stack fields that identify a checkout or a process rather than the numerics: a model moved
 #: to another folder is the same model (its sha256 says so); a server's port or a rank's pid is
@@ -61,6 +63,8 @@ class CertificateCheck:
 class LaunchVerdict:
     """What ``certify --check`` concludes: whether a run may start on a certificate."""
 
+    #: the certificate judged
+    path: Path
     #: one line per reason it may not (none: it may), the stack's differences last
     reasons: list[str]
     #: what was checked or left unchecked beyond the reasons, one line each (the signature)
@@ -70,6 +74,20 @@ class LaunchVerdict:
     @property
     def certifies(self) -> bool:
         return not self.reasons
+
+    @property
+    def lines(self) -> list[str]:
+        """What ``certify --check`` says of it, a line each: the verdict for the launch (one
+        line per reason it may not start), each field the stack changed in, the notes."""
+        said = [f"NOT CERTIFIED for this launch: {reason}" for reason in self.reasons] or [
+            f"CERTIFIED for this launch: the current stack is the one certified in {self.path}"
+        ]
+        changed = [
+            f"  {key}: certified {certified!r}, now {current!r}"
+            for key, certified, current in self.stack.differences
+        ]
+        notes = [f"tim-conformance: {note}" for note in self.notes]
+        return [*(f"tim-conformance: {line}" for line in said), *changed, *notes]
 
 
 def stable_stack(stack: Mapping[str, Any]) -> dict[str, Any]:
@@ -84,18 +102,16 @@ def stable_stack(stack: Mapping[str, Any]) -> dict[str, Any]:
     return stable
 
 
-def build_certificate(
-    report: Report, report_sha256: str, *, spec: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
+def build_certificate(report: Report, report_sha256: str) -> dict[str, Any]:
     """The certificate for a report whose file's bytes hash to ``report_sha256``.
 
     Only a run of every suite certifies the stack: a passing run of some suites (the report's
     ``scope: "suites"``) is recorded with ``certified: false``, so that nothing that reads
     ``certified`` takes one property for the whole stack. A report from before ``scope`` reads
-    as ``stack``. ``spec`` is the stack's option values as the command line spells them
-    (:meth:`conformance.stack.StackSpec.option_values`), from which ``certify --check`` given
-    no stack option rebuilds the certified stack; ``stack_args`` (deprecated: read for
-    certificates written before ``spec``) renders them as certify's flags.
+    as ``stack``. ``spec`` is the report's: the stack's option values as the command line
+    spells them, from which ``certify --check`` given no stack option rebuilds the certified
+    stack; ``stack_args`` (deprecated: read for certificates written before ``spec``) renders
+    them as certify's flags.
     """
     scope = report.scope or "stack"
     return {
@@ -104,8 +120,8 @@ def build_certificate(
         "certified": report.verdict == "pass" and scope == "stack",
         "scope": scope,
         "suites": list(report.suites()),
-        "spec": None if spec is None else dict(spec),
-        "stack_args": None if spec is None else flags(spec, prefix=""),
+        "spec": report.spec,
+        "stack_args": None if report.spec is None else flags(report.spec, prefix=""),
         "fingerprint": report.stack["fingerprint"],
         "stack": stable_stack(report.stack),
         "profile": {
@@ -128,15 +144,13 @@ def build_certificate(
     }
 
 
-def write_certificate(
-    report_path: Path, out: Path, *, spec: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
+def write_certificate(report_path: Path, out: Path) -> dict[str, Any]:
     """Write ``out`` (certificate.json) for the report at ``report_path``, signed where
     ``TIM_CERT_KEY`` is set; return its content."""
     report_path = Path(report_path)
     report = load_report(report_path)
     digest = hashlib.sha256(report_path.read_bytes()).hexdigest()
-    certificate = build_certificate(report, digest, spec=spec)
+    certificate = build_certificate(report, digest)
     key = CERT_KEY.get()
     if key:
         certificate["signature"] = sign(certificate, key)
@@ -202,22 +216,23 @@ def check_certificate(cert_path: Path, stack: Mapping[str, Any]) -> CertificateC
 
 
 def judge_certificate(
-    certificate: Mapping[str, Any], stack: Mapping[str, Any], *, report_path: Path
+    certificate: Mapping[str, Any], stack: Mapping[str, Any], *, path: Path
 ) -> LaunchVerdict:
     """Whether a run of the current ``stack`` may start on ``certificate``
-    (:func:`load_certificate`'s): it must be untouched (signature, fingerprint, the report at
-    ``report_path``, the one beside it), certify the stack, and name this very stack."""
+    (:func:`load_certificate`'s, of ``path``): it must be untouched (signature, fingerprint,
+    the report.json beside it), certify the stack, and name this very stack."""
     signature_reasons, notes = _signature_check(certificate, CERT_KEY.get())
     comparison = _compare_stacks(certificate, stack)
+    # what the certified run concluded, then whether the certificate still says what it wrote
     reasons = [
-        *signature_reasons,
-        *_edited_fields(certificate, report_path),
         *_not_certified(certificate),
+        *signature_reasons,
+        *_edited_fields(certificate, path.parent / "report.json"),
     ]
     if comparison.differences:
         changed = ", ".join(key for key, _, _ in comparison.differences)
         reasons.append(f"the stack changed since it was certified: {changed}")
-    return LaunchVerdict(reasons=reasons, notes=notes, stack=comparison)
+    return LaunchVerdict(path, reasons, notes, comparison)
 
 
 def sign(certificate: Mapping[str, Any], key: str) -> str:
@@ -331,7 +346,8 @@ def _flat_differences(
     """(dotted field, certificate's value, rebuilt value) for every field of the certificate
     that differs, as JSON with sorted keys (a NaN metric equals itself; a list's tables compare
     as tables). A field the certificate lacks is one an older harness did not write."""
-    compared = [k for k in certificate if k not in _NOT_FROM_REPORT]
+    unbuilt = _NOT_FROM_REPORT + (_SPEC_FIELDS if rebuilt.get("spec") is None else ())
+    compared = [k for k in certificate if k not in unbuilt]
     said = _flatten({k: certificate[k] for k in compared})
     built = _flatten({k: rebuilt.get(k) for k in compared})
     return [

@@ -192,12 +192,24 @@ class PreparedStack:
     """A pytest plugin object carrying a stack spec built and preflighted by its caller
     (``tim-conformance certify``), so the harness session takes it as it is instead of
     building one from ``--tim-*`` flags: ``pytest.main(args, plugins=[PreparedStack(...)])``.
+    It hands the caller back the report the run wrote (:attr:`report`).
     """
 
     def __init__(self, spec: StackSpec, command: str) -> None:
         self.spec = spec
         #: the command the report records (certify's own, which names the stack)
         self.command = command
+        self._report: Report | None = None
+
+    @property
+    def report(self) -> Report | None:
+        """The report the run wrote; None where pytest stopped before the harness's session
+        (an interrupt as it started, a usage error)."""
+        return self._report
+
+    def received(self, report: Report) -> None:
+        """The run's report, as written."""
+        self._report = report
 
 
 def _prepared(config: pytest.Config) -> PreparedStack | None:
@@ -242,6 +254,8 @@ class HarnessPlugin:
         from conformance.session import HarnessSession
 
         table = pyproject_table(Path(config.rootpath))
+        #: certify's prepared stack, where certify started the run: it gets the report back
+        self._prepared = _prepared(config)
         report = (
             config.getoption("tim_report") or config.getini("tim_report") or table.get("report")
         )
@@ -252,7 +266,7 @@ class HarnessPlugin:
             # an explicit --hypothesis-profile keeps its own max_examples unless --tim-examples
             # is given (a prepared spec's examples are explicit)
             examples = (
-                _prepared(config) is not None
+                self._prepared is not None
                 or any("examples" in t for t in (_ini_values(config), table))
                 or config.getoption("tim_examples") is not None
                 or not config.getoption("hypothesis_profile", None)
@@ -389,6 +403,8 @@ class HarnessPlugin:
             self.session.report.note_interrupted("interrupted (Ctrl-C)")
         self.session.close()
         self.final_report = self.session.report.write()
+        if self._prepared is not None:
+            self._prepared.received(self.final_report)
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if self.final_report is None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from conformance.host import device_info
 from conformance.outcome import FAULT, Outcome
+from conformance.profiles import load_profile
 from conformance.report import write_html
 from conformance.report.coverage import feature_coverage, unreached_reason
 from conformance.report.schema import (
@@ -23,12 +24,14 @@ from conformance.report.schema import (
     Timing,
     Violation,
 )
+from conformance.results_log import ResultsLog
+from conformance.started_stack import StartedStack
 
 if TYPE_CHECKING:
     from conformance.metric_table import Breach
     from conformance.profiles import Profile
     from conformance.recorder import CheckRecord
-    from conformance.started_stack import StartedStack
+    from conformance.stack import StackSpec
 
 
 #: seconds between two writes of the report as the run stands (:meth:`ReportBuilder.write`'s
@@ -262,6 +265,7 @@ class ReportBuilder:
             depth=self._spec.depth.name,
             run_shape=self._spec.depth.run_shape(),
             scope=self._scope,
+            spec=self._spec.option_values(),
             stack=self._stack.fingerprint(),
             profile=ProfileInfo.of(profile, profile.foreign_to(model.sha256, device_info())),
             checks=checks,
@@ -318,3 +322,21 @@ def _replace_json(path: Path, data: dict[str, Any]) -> None:
     partial = path.with_name(f".{path.name}.partial")
     partial.write_text(json.dumps(data, indent=1, default=str) + "\n")
     partial.replace(path)
+
+
+def report_cut_short(
+    spec: StackSpec, reason: str, fix: str, *, seed: int, command: str, report_dir: Path
+) -> Report:
+    """The report, written into ``report_dir``, of a run cut short for ``reason`` before its
+    suites: incomplete, no check ran, nothing of ``spec``'s stack started."""
+    builder = ReportBuilder(
+        StartedStack(spec),
+        load_profile(spec.profile),
+        seed=seed,
+        command=command,
+        report_dir=report_dir,
+        log=ResultsLog(report_dir),
+        replay=lambda nodeid: nodeid,  # no check ran
+    )
+    builder.note_interrupted(reason, fix=fix)
+    return builder.write()

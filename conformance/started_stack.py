@@ -31,17 +31,27 @@ Audit = Callable[[Guarded, str, tuple[Any, ...], Any], None]
 RELEASE_KEYS = ("version", "vllm", "sglang", "transformers")
 
 
+def _unlogged(**event: object) -> None:
+    """What a stack no run reports on does with its events: nothing."""
+
+
+def _no_check() -> None:
+    return None
+
+
 class StartedStack:
     """The engine and backend of ``spec``, each started on first use, through
-    :func:`conformance.guard.start`; ``log`` hears of starts, crashes and failures to close, and
-    ``audit`` of each call of an engine on the model's own weights."""
+    :func:`conformance.guard.start`; ``log`` hears of starts, crashes and failures to close,
+    ``current_check`` names the check that is running (for the log), and ``audit`` hears of
+    each call of an engine on the model's own weights. With none of them, a stack outside any
+    run: nothing logged, no check running."""
 
     def __init__(
         self,
         spec: StackSpec,
         *,
-        log: Callable[..., None],
-        current_check: Callable[[], str | None],
+        log: Callable[..., None] = _unlogged,
+        current_check: Callable[[], str | None] = _no_check,
         audit: Audit | None = None,
     ) -> None:
         self.spec = spec
@@ -185,6 +195,15 @@ class StartedStack:
         backend started so far said of themselves."""
         engine, backend = self._infos.get("engine", {}), self._infos.get("backend", {})
         return Stack(fingerprint(self.spec, self.model_info, engine, backend))
+
+    @classmethod
+    def fingerprint_of(cls, spec: StackSpec) -> Stack:
+        """:meth:`fingerprint` of ``spec``'s stack, started and closed again: starting the
+        engine and backend is how their versions and knobs are learned."""
+        with closing(cls(spec)) as stack:
+            stack.engine  # noqa: B018
+            stack.backend  # noqa: B018
+            return stack.fingerprint()
 
     def engine_release(self) -> str:
         """The engine and the release of the package behind it, from its ``info()``: what a

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import shlex
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import closing, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from conformance import env, releases
 from conformance.backends import BACKENDS
@@ -27,11 +26,8 @@ from conformance.errors import EngineCrashed, UsageError
 from conformance.guard import sigterm_as_interrupt
 from conformance.options import add_stack_options, check_output_folder, pyproject_table
 from conformance.preflight import preflight
-from conformance.profiles import load_profile
-from conformance.report.schema import as_report
 from conformance.report.summary import verdict_lines
-from conformance.report_builder import ReportBuilder
-from conformance.results_log import ResultsLog
+from conformance.report_builder import report_cut_short
 from conformance.rl.options import add_training_options, rl_smoke_args
 from conformance.stack import StackSpec
 from conformance.started_stack import StartedStack
@@ -40,7 +36,7 @@ from conformance.suites_location import suite_paths, suites_folder
 if TYPE_CHECKING:
     import pytest
 
-    from conformance.stack import StackSpec
+    from conformance.report.schema import Report
 
 DEFAULT_SEED = 0
 
@@ -143,7 +139,12 @@ def run(args: argparse.Namespace) -> int:
             # may calibrate the model's own profile first: minutes, where a run gets cut short
             spec = preflight(spec)
             if certificate is not None:
-                return _check(spec, certificate, args.check)
+                # the stack as it starts now, against the one the certificate certified
+                started = StartedStack.fingerprint_of(spec)
+                verdict = judge_certificate(certificate, started, path=args.check)
+                for line in verdict.lines:
+                    print(line)
+                return 0 if verdict.certifies else 1
             stage = "startup"
             report = _run_suites(spec, suites, out, seed, extra, verbose=args.verbose)
         except KeyboardInterrupt:
@@ -153,9 +154,17 @@ def run(args: argparse.Namespace) -> int:
                 raise
     shown = report is not None and args.verbose
     if report is None:
+        doing, fix = _BEFORE_SUITES[stage]
         taken = signals[-1] if signals else "Ctrl-C"
-        report = _interrupted_before_suites(spec, out, seed, taken, stage)
-    return _conclude(report, out, spec, shown=shown)
+        report = report_cut_short(
+            spec,
+            f"interrupted by {taken} before the suites ran ({doing})",
+            fix,
+            seed=seed,
+            command=_command(),
+            report_dir=out,
+        )
+    return _conclude(report, out, shown=shown)
 
 
 #: what a certify cut short before its suites was doing, and what to do about it
@@ -170,35 +179,13 @@ _BEFORE_SUITES = {
 }
 
 
-def _interrupted_before_suites(
-    spec: StackSpec, out: Path, seed: int, signal_name: str, stage: str
-) -> dict[str, Any]:
-    """The report.json, incomplete (no check ran, nothing started), of a certify cut short
-    before its suites."""
-    doing, fix = _BEFORE_SUITES[stage]
-    builder = ReportBuilder(
-        # nothing of it starts: what the report says of the stack it never started
-        StartedStack(spec, log=lambda **_: None, current_check=lambda: None),
-        load_profile(spec.profile),
-        seed=seed,
-        command=_command(),
-        report_dir=out,
-        log=ResultsLog(out),
-        replay=lambda nodeid: nodeid,  # no check ran
-    )
-    builder.note_interrupted(
-        f"interrupted by {signal_name} before the suites ran ({doing})", fix=fix
-    )
-    return builder.write().to_json()
-
-
 def _command() -> str:
     return shlex.join(["tim-conformance", *sys.argv[1:]])
 
 
 #: pytest's whole output in the report folder (tracebacks, Hypothesis's falsifying examples)
 PYTEST_LOG = "pytest.log"
-#: what a run writes in its report folder that is read back as its outcome
+#: what a run writes in its report folder as its outcome
 _RUN_FILES = ("report.json", "report.html", "certificate.json")
 
 
@@ -210,13 +197,13 @@ def _run_suites(
     extra: list[str],
     *,
     verbose: bool,
-) -> dict[str, Any] | None:
-    """The report.json of the suites run on ``spec`` into ``out``; None where an interrupt
-    as pytest started left none (pytest's INTERRUPTED: before the plugin's session existed).
-    The plugin
-    takes ``spec`` as it is (:class:`~conformance.plugin.PreparedStack`): built and
-    preflighted once, here. pytest's output goes to ``out``/:data:`PYTEST_LOG`, and with
-    ``verbose`` to the terminal too; without, the terminal gets one progress line."""
+) -> Report | None:
+    """The report of the suites run on ``spec`` into ``out``, as the harness wrote it; None
+    where an interrupt as pytest started left none (pytest's INTERRUPTED: before the plugin's
+    session existed). The plugin takes ``spec`` as it is, built and preflighted once here, and
+    hands the report back (:class:`~conformance.plugin.PreparedStack`). pytest's output goes
+    to ``out``/:data:`PYTEST_LOG`, and with ``verbose`` to the terminal too; without, the
+    terminal gets one progress line."""
     import pytest
 
     from conformance.plugin import PreparedStack
@@ -244,8 +231,8 @@ def _run_suites(
     ]
     try:
         out.mkdir(parents=True, exist_ok=True)
-        # what an earlier run left in the folder is not this run's: a report it left would be
-        # read as this run's verdict were pytest to stop before the plugin writes one
+        # what an earlier run left in the folder is not this run's: its certificate must not
+        # stand beside a run that stopped before writing its own
         for earlier in _RUN_FILES:
             (out / earlier).unlink(missing_ok=True)
     except OSError as exc:
@@ -258,19 +245,17 @@ def _run_suites(
         f"output: {log})",
         flush=True,
     )
+    prepared = PreparedStack(spec, _command())
     with _output_to(log, echo=verbose) as terminal:
-        plugins = [PreparedStack(spec, _command()), *([] if verbose else [_Progress(terminal)])]
+        plugins = [prepared, *([] if verbose else [_Progress(terminal)])]
         code = int(pytest.main(args, plugins=plugins))
-    report_path = out / "report.json"
-    if not report_path.is_file():
-        if code == pytest.ExitCode.INTERRUPTED:
-            return None
+    if prepared.report is None and code != pytest.ExitCode.INTERRUPTED:
         said = _last_line(log)
         raise UsageError(
             f"the suites did not run (pytest exit {code}{': ' + said if said else ''})",
             f"see {log}",
         )
-    return json.loads(report_path.read_text())
+    return prepared.report
 
 
 @contextmanager
@@ -352,24 +337,21 @@ def _last_line(path: Path) -> str:
     return next((line.strip() for line in reversed(lines) if line.strip()), "")
 
 
-def _conclude(report: dict[str, Any], out: Path, spec: StackSpec, *, shown: bool = False) -> int:
-    """Write the certificate (of ``spec``'s stack) and say the verdict: its table (unless
+def _conclude(report: Report, out: Path, *, shown: bool = False) -> int:
+    """Write the certificate of ``report`` and say the verdict: its table (unless
     pytest's output, on the terminal, ``shown`` it), then one line; the exit code."""
-    certificate = write_certificate(
-        out / "report.json", out / "certificate.json", spec=spec.option_values()
-    )
-    verdict = report["verdict"]
+    certificate = write_certificate(out / "report.json", out / "certificate.json")
     if not shown:
-        for line in verdict_lines(as_report(report), out):
+        for line in verdict_lines(report, out):
             print(line)
     print(f"tim-conformance: report {out / 'report.html'}, certificate {out / 'certificate.json'}")
-    if verdict == "incomplete":
+    if report.verdict == "incomplete":
         raise EngineCrashed(
-            f"run incomplete: {report['reason']}; report kept in {out / 'report.json'}, "
+            f"run incomplete: {report.reason}; report kept in {out / 'report.json'}, "
             f"log in {out / 'results.jsonl'}",
-            report.get("fix") or "rerun certify once the cause is fixed",
+            report.fix or "rerun certify once the cause is fixed",
         )
-    if verdict == "pass" and certificate["scope"] == "suites":
+    if report.verdict == "pass" and certificate["scope"] == "suites":
         # a pass of some properties is no certificate of the stack
         print(
             f"tim-conformance: verdict PASSED on suite(s) {', '.join(certificate['suites'])} "
@@ -377,29 +359,7 @@ def _conclude(report: dict[str, Any], out: Path, spec: StackSpec, *, shown: bool
             "every suite to certify it)"
         )
         return 0
-    print(f"tim-conformance: verdict {'CERTIFIED' if verdict == 'pass' else 'NOT CERTIFIED'}")
-    return 0 if verdict == "pass" else 1
-
-
-def _check(spec: StackSpec, certificate: Mapping[str, Any], path: Path) -> int:
-    """``--check``: whether ``spec``'s stack (preflighted) starts as the one ``certificate``
-    (read from ``path``) certified, and the certificate certifies it; the exit code."""
-    # no report, no checks: nothing to log, no check running
-    started = StartedStack(spec, log=lambda **_: None, current_check=lambda: None)
-    with closing(started) as stack:
-        stack.engine  # noqa: B018 — starting it is how its versions and knobs are learned
-        stack.backend  # noqa: B018
-        fingerprint = stack.fingerprint()
-    verdict = judge_certificate(certificate, fingerprint, report_path=path.parent / "report.json")
-    if verdict.certifies:
-        print(
-            f"tim-conformance: CERTIFIED for this launch: the current stack is the one certified "
-            f"in {path}"
-        )
-    for reason in verdict.reasons:
-        print(f"tim-conformance: NOT CERTIFIED for this launch: {reason}")
-    for field, certified, current in verdict.stack.differences:
-        print(f"  {field}: certified {certified!r}, now {current!r}")
-    for note in verdict.notes:
-        print(f"tim-conformance: {note}")
-    return 0 if verdict.certifies else 1
+    print(
+        f"tim-conformance: verdict {'CERTIFIED' if report.verdict == 'pass' else 'NOT CERTIFIED'}"
+    )
+    return 0 if report.verdict == "pass" else 1

@@ -16,6 +16,7 @@ one changes the layout: bump ``SCHEMA`` and convert the older layout in ``parse_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import types
 import typing
@@ -303,6 +304,10 @@ class Report(Record):
     #: a pass certifies the stack) or ``suites`` (some of them: a pass certifies those only);
     #: files from before the field lack it
     scope: Literal["stack", "suites"] | None = None
+    #: the stack options the run resolved, as the command line spells them
+    #: (``StackSpec.option_values``), from which ``certify --check`` rebuilds the stack; files
+    #: from before the field lack it
+    spec: dict[str, str | list[str] | None] | None = None
     stack: Stack
     profile: ProfileInfo
     checks: list[Check]
@@ -396,8 +401,12 @@ def _parse(value: object, hint: Any, where: str) -> Any:
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        (inner,) = (a for a in args if a is not type(None))
-        return _parse(value, inner, where)
+        *others, last = (a for a in args if a is not type(None))
+        # the first alternative the value is; failing all, the last one's complaint
+        for kind in others:
+            with contextlib.suppress(FieldError):
+                return _parse(value, kind, where)
+        return _parse(value, last, where)
     if origin is Literal:
         if value not in args:
             raise FieldError(where, f"is {value!r}, not one of {', '.join(map(str, args))}")

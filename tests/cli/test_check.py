@@ -91,6 +91,8 @@ def test_an_untouched_certificate_of_a_certified_run_lets_the_launch_go(certifie
             lambda c: c["metrics"]["rollout_parity"].update(abs_diff_max=1e-9),
         ),
         ("verdict", lambda c: c.update(verdict="fail")),
+        # the options --check rebuilds the stack from: held to the report's too
+        ("spec.examples", lambda c: c["spec"].update(examples="1")),
     ],
 )
 def test_an_edited_field_is_named_and_breaks_the_signature(field, edit, certified, env, tmp_path):
@@ -152,10 +154,10 @@ def test_a_suite_run_certifies_no_launch_and_a_key_wants_a_signature(env, tmp_pa
     assert code == 1, lines
     # written with no key: unsigned, which a launcher holding the key refuses
     assert reasons(lines) == [
-        "the certificate is not signed, and TIM_CERT_KEY is set: only a certificate certify "
-        "signed with that key is accepted",
         "scoped to suite(s) rollout_parity: a --suite run is no certificate of the stack "
         "(certify without --suite)",
+        "the certificate is not signed, and TIM_CERT_KEY is set: only a certificate certify "
+        "signed with that key is accepted",
     ]
 
 

@@ -26,7 +26,7 @@ from .reports import make_report
 #: bfloat16 --profile fp32 --examples 3 --shrink-seconds 5``), its token samples cut to 40
 REAL = Path(__file__).parent / "data" / "schema1-bf16-prefill.json"
 #: the fields early schema-1 files lack, per report and per check
-LATER = ("depth", "timing", "fix", "scope", "run_shape", "coverage")
+LATER = ("depth", "timing", "fix", "scope", "run_shape", "coverage", "spec")
 LATER_PER_CHECK = (
     "shrink",
     "seconds",
@@ -103,6 +103,9 @@ def test_gate_certificate_summary_and_page_read_early_and_current_files_alike(
     assert [c["profile"].pop("provenance") is None for c in certificates] == [True, False]
     # nor the suites whose bounds replace the base ones
     assert [bool(c["profile"].pop("suites")) for c in certificates] == [False, True]
+    # nor the stack options it resolved, from which --check rebuilds the stack
+    assert [c.pop("spec") is None for c in certificates] == [True, False]
+    assert [c.pop("stack_args") is None for c in certificates] == [True, False]
     for certificate in certificates:
         del certificate["report_sha256"]
     assert certificates[0] == certificates[1]
