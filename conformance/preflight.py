@@ -14,7 +14,6 @@ from dataclasses import replace
 
 from conformance import releases
 from conformance.backends import BACKENDS
-from conformance.dtypes import engine_kv_format
 from conformance.engines import ENGINES
 from conformance.host import device_info
 from conformance.models import inspect_model
@@ -50,7 +49,7 @@ def preflight(spec: StackSpec) -> StackSpec:
         # once per process, as the warnings are
         releases.warn(f"drawing at depth {shape.describe()}")
     # the shipped profiles hold caches in the model's precision: a lossy cache needs its own
-    kv_format = engine_kv_format(spec.engine_options.get("kv_cache_dtype"))
+    kv_format = spec.kv_format
     costed = replace(spec, depth=shape)
     if not (foreign or kv_format) or spec.profile_named:
         releases.warn(foreign)

@@ -14,7 +14,7 @@ from conformance import options
 from conformance.backends import BackendConfig
 from conformance.backends.base import Layout
 from conformance.depth import Depth, depth
-from conformance.dtypes import implied_profile
+from conformance.dtypes import engine_kv_format, implied_profile
 from conformance.engines import EngineConfig, LogprobKind
 from conformance.models import declared_experts, default_model
 from conformance.options import MAX_BATCH_TOKENS, RUN_SHAPE_OPTIONS
@@ -105,6 +105,13 @@ class StackSpec:
             call_timeout=values["call-timeout"],
             start_timeout=values["start-timeout"],
         )
+
+    @property
+    def kv_format(self) -> str | None:
+        """The format the engine's KV cache holds keys and values in (its ``kv_cache_dtype``
+        option, :func:`conformance.dtypes.engine_kv_format`); None where it keeps the model's
+        precision."""
+        return engine_kv_format(self.engine_options.get("kv_cache_dtype"))
 
     def model_dir(self) -> Path:
         if self.model is not None:
