@@ -238,9 +238,21 @@ NEGATIVE_BOUND = "abs_diff_max = -1\n"
         (["--out", "afile/run"], "afile, a file"),
         # root writes through permissions: /proc takes no new folder for anyone
         (["--out", "/proc/tim-conformance/run"], "cannot be written"),
+        (["--model", "/nonexistent/model"], "/nonexistent/model"),
+        (["--profile", "no-such-profile"], "no-such-profile"),
+        (["--engine", "no-such-engine"], "no-such-engine"),
+        (["--engine-dtype", "int3"], "int3"),
+        (["--examples", "zero"], "examples"),
+        (["--engine-option", "novalue"], "KEY=VALUE"),
+        (["--no-such-flag"], "--no-such-flag"),
+        (["--suites", "/nonexistent/suites"], "/nonexistent/suites"),
+        (["--max-new-tokens", "0"], "max-new-tokens"),
+        (["--group-size", "16", "--max-batch", "8"], "--max-batch 16"),
+        # the embedded model has 4,096 positions
+        (["--max-prompt-len", "4000", "--max-new-tokens", "200"], "needs 4201 positions"),
     ],
 )
-def test_refusals_the_issue_names(workdir, capsys, args, named):
+def test_a_bad_input_is_one_line_naming_the_fix(workdir, capsys, args, named):
     (workdir / "neg.toml").write_text(NEGATIVE_BOUND)
     (workdir / "afile").write_text("a file\n")
     before = set(workdir.rglob("*"))

@@ -161,28 +161,6 @@ def test_engine_dying_mid_run_keeps_measurements_and_is_incomplete(tmp_path, cli
     assert any(e["event"] == "crash" for e in events)
 
 
-@pytest.mark.parametrize(
-    ("args", "named"),
-    [
-        (["--model", "/nonexistent/model"], "/nonexistent/model"),
-        (["--profile", "no-such-profile"], "no-such-profile"),
-        (["--engine", "no-such-engine"], "no-such-engine"),
-        (["--engine-dtype", "int3"], "int3"),
-        (["--examples", "zero"], "examples"),
-        (["--engine-option", "novalue"], "KEY=VALUE"),
-        (["--no-such-flag"], "--no-such-flag"),
-        (["--suites", "/nonexistent/suites"], "/nonexistent/suites"),
-        (["--max-new-tokens", "0"], "max-new-tokens"),
-        (["--group-size", "16", "--max-batch", "8"], "--max-batch 16"),
-        # the embedded model has 4,096 positions
-        (["--max-prompt-len", "4000", "--max-new-tokens", "200"], "needs 4201 positions"),
-    ],
-)
-def test_bad_input_is_one_line_naming_the_fix(tmp_path, cli_env, args, named):
-    line = _one_line_error(certify(*args, env=cli_env, cwd=tmp_path))
-    assert named in line and "fix:" in line
-
-
 def test_tokenizer_vocab_mismatch_is_one_line(tmp_path, cli_env, default_model):
     broken = tmp_path / "model"
     broken.mkdir()
