@@ -13,7 +13,7 @@ import enum
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -101,18 +101,9 @@ class SamplingSpec:
             )
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "max_new_tokens": self.max_new_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "min_p": self.min_p,
-            "seed": self.seed,
-            "ignore_eos": self.ignore_eos,
-            "stop_token_ids": list(self.stop_token_ids),
-            "stop": list(self.stop),
-            "n": self.n,
-        }
+        """Every field, as JSON holds it (the tuples as lists)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
 
     def stops_at(self, eos_token_id: int | None) -> frozenset[int]:
         """The ids that end a rollout under this spec, given the model's EOS."""

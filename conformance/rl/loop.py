@@ -20,7 +20,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -142,15 +142,10 @@ class RLSummary:
         return int(self.mismatch_alarm.fired or self.collapse.fired)
 
     def as_dict(self) -> dict[str, Any]:
+        """Every field, the verdicts in their summary form, and ``lead_steps``."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
         return {
-            "scenario": self.scenario,
-            "remedy": self.remedy,
-            "seed": self.seed,
-            "steps": self.steps,
-            "updates_per_step": self.updates_per_step,
-            "old_logprobs": self.old_logprobs,
-            "clip_low": self.clip_low,
-            "clip_high": self.clip_high,
+            **values,
             "mismatch_alarm": self.mismatch_alarm.as_dict(),
             "collapse": self.collapse.as_dict(),
             "lead_steps": self.lead_steps,
