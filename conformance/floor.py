@@ -29,7 +29,7 @@ max of 1.020–1.023.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -68,9 +68,6 @@ class FloorResult:
     logit_std: float
     tokens: int
     seed: int
-
-    def as_dict(self) -> dict[str, float | int | str]:
-        return asdict(self)
 
 
 def simulate_floor(
@@ -258,9 +255,6 @@ class KVFloorResult:
     abs_diff_mean: float
     #: the rms of the per-token differences: the spread a sound stack in this format adds
     abs_diff_rms: float
-
-    def as_dict(self) -> dict[str, float | int | str]:
-        return asdict(self)
 
 
 #: how a value is rounded into the KV cache's format: to nearest, ties to even (the IEEE default,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 EPILOG = """examples:
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         chunk_rows=args.chunk_rows,
     )
     if args.json:
-        print(json.dumps(result.as_dict()))
+        print(json.dumps(dataclasses.asdict(result)))
         return 0
     print(
         f"precision floor: {result.dtype} vs float32, vocab {result.vocab}, "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -81,7 +82,7 @@ def test_cli_json_is_one_object_with_the_documented_keys(capsys) -> None:
     argv = ["floor", "--dtype", "bf16", "--vocab", "256", "--tokens", "500", "--seed", "5"]
     assert main([*argv, "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    expected = simulate_floor("bf16", 256, 1.5, 500, 5).as_dict()
+    expected = dataclasses.asdict(simulate_floor("bf16", 256, 1.5, 500, 5))
     assert printed == expected
     assert {"ratio_mean", "ratio_std", "ratio_max", "ratio_min", "kl"} <= set(printed)
 
