@@ -26,7 +26,7 @@ from conformance.errors import EngineCrashed, UsageError
 from conformance.guard import sigterm_as_interrupt
 from conformance.options import add_stack_options, check_output_folder, pyproject_table
 from conformance.preflight import preflight
-from conformance.report.summary import verdict_lines
+from conformance.report.summary import verdict_lines, verdict_word
 from conformance.report_builder import report_cut_short
 from conformance.rl.options import add_training_options, rl_smoke_args
 from conformance.stack import StackSpec
@@ -359,7 +359,5 @@ def _conclude(report: Report, out: Path, *, shown: bool = False) -> int:
             "every suite to certify it)"
         )
         return 0
-    print(
-        f"tim-conformance: verdict {'CERTIFIED' if report.verdict == 'pass' else 'NOT CERTIFIED'}"
-    )
+    print(f"tim-conformance: verdict {verdict_word(report)}")
     return 0 if report.verdict == "pass" else 1
