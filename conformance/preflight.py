@@ -25,6 +25,8 @@ def preflight(spec: StackSpec) -> StackSpec:
     """``spec`` checked, and the stack to run (see the module's docstring); a UsageError line
     for what the user can fix."""
     profile = load_profile(spec.profile)
+    for line in profile.ignored:
+        releases.warn(line)
     engine, backend = ENGINES.get(spec.engine), BACKENDS.get(spec.backend)
     engine.check_options(spec.engine_options)
     backend.check_options(spec.backend_options)
@@ -46,7 +48,6 @@ def preflight(spec: StackSpec) -> StackSpec:
         )
     )
     if shape != spec.depth:
-        # once per process, as the warnings are
         releases.warn(f"drawing at depth {shape.describe()}")
     # the shipped profiles hold caches in the model's precision: a lossy cache needs its own
     kv_format = spec.kv_format

@@ -147,15 +147,10 @@ def check_stack(components: Mapping[str, ReleaseRange | None]) -> str | None:
     return "; ".join(said) or None
 
 
-#: lines :func:`warn` printed in this process (certify's preflight, then its pytest plugin's)
-_WARNED: set[str] = set()
-
-
 def warn(line: str | None) -> None:
     """Print a warning line (a :func:`check` line, a profile calibrated elsewhere), before
-    anything starts; once per process."""
-    if line is not None and line not in _WARNED:
-        _WARNED.add(line)
+    anything starts: the preflight's, which checks each input once a run."""
+    if line is not None:
         print(f"tim-conformance: warning: {line}", file=sys.stderr, flush=True)
 
 

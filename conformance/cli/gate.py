@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from conformance import releases
 from conformance.gate import DEFAULT_FACTOR, compare, parse_factors, ratio_note, write_gate_html
+from conformance.profiles import load_profile
 from conformance.report import load_report
 
 EPILOG = """examples:
@@ -50,10 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     factors = parse_factors(args.max_regression)
+    profile = load_profile(args.profile) if args.profile else None
+    for line in profile.ignored if profile else ():
+        releases.warn(line)
     result = compare(
         load_report(args.baseline),
         load_report(args.candidate),
-        profile=args.profile,
+        profile=profile,
         max_regression=factors,
     )
     if result.rows:

@@ -158,12 +158,22 @@ def test_a_suite_table_replaces_the_bounds_it_names_for_that_suite_alone(tmp_pat
 
 def test_a_weight_sync_table_is_ignored_with_a_warning(tmp_path, capsys) -> None:
     """calibrate wrote one before its method 10, bounding the engine against a backend holding
-    new weights; the suite now judges the engine against itself under the base bounds."""
+    new weights; the suite now judges the engine against itself under the base bounds. Loading
+    says nothing; a run's preflight warns of it, once however often the profile is loaded."""
+    from conformance.preflight import preflight
+    from conformance.stack import StackSpec
+
     path = tmp_path / "old.toml"
     path.write_text("k1 = 0.01\n\n[suites.weight_sync]\nk1 = 19\n")
     profile = load_profile(path)
     assert profile.bounds("weight_sync") == {"k1": 0.01}
-    assert "[suites.weight_sync] table is ignored" in capsys.readouterr().err
+    (ignored,) = profile.ignored
+    assert "[suites.weight_sync] table is ignored" in ignored
+    assert capsys.readouterr().err == ""
+    for _ in range(2):
+        preflight(StackSpec(profile=str(path), profile_named=True))
+        said = capsys.readouterr().err.splitlines()
+        assert said.count(f"tim-conformance: warning: {ignored}") == 1, said
 
 
 @pytest.mark.parametrize("pool", [500, 1_000, 4_000, 100_000])

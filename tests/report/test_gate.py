@@ -191,3 +191,19 @@ def test_profile_option_holds_the_candidate_to_a_shipped_profile(baseline: Repor
     assert result.exit_code == REGRESSED and result.profile == "fp32"
     assert any("abs_diff_max" in line for line in result.violations)
     assert compare(baseline, baseline, profile="fp32", max_regression={}).exit_code == OK
+
+
+def test_cli_warns_of_a_profile_table_it_ignores(tmp_path, baseline: Report, capsys) -> None:
+    """An old profile's ``[suites.weight_sync]`` table no longer bounds anything: the gate
+    holding a candidate to that profile says so, once, and judges by the rest."""
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(baseline.to_json()))
+    old = tmp_path / "old.toml"
+    old.write_text("abs_diff_max = 1.0\n\n[suites.weight_sync]\nabs_diff_max = 1e-9\n")
+    assert main(["gate", str(base), str(base), "--profile", str(old)]) == OK
+    said = capsys.readouterr().err.splitlines()
+    assert [line for line in said if "[suites.weight_sync] table is ignored" in line] == [
+        f"tim-conformance: warning: profile {old}: its [suites.weight_sync] table is ignored: "
+        "the weight_sync suite judges the engine against itself on the new weights, under the "
+        "base bounds (fix: delete the table, or calibrate the profile again)"
+    ], said
