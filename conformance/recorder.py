@@ -17,18 +17,25 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, Protocol, TypeVar
 
+import torch
+from hypothesis import Phase, settings
+
 from conformance.errors import NonFiniteLogprobs, UsageError
 from conformance.metric_table import EXAMPLE_METRICS, Breach
+from conformance.metrics import mismatch_metrics, stack_ragged
 from conformance.outcome import ProfileViolation, PropertyFailure, first_line, origin
 from conformance.routing import routing_metrics
+from conformance.strategies import (
+    BatchShape,
+    at_batch_size,
+    at_top_sizes,
+    drawing_at_top,
+    drawing_batch_size,
+)
 
 if TYPE_CHECKING:
-    import torch
-    from hypothesis import settings
-
     from conformance.engines.base import SamplingSpec
     from conformance.profiles import Profile
-    from conformance.strategies import BatchShape
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -138,8 +145,6 @@ class CheckRecord:
 
     def pooled(self) -> dict[str, float]:
         """Mismatch metrics over every token measured so far, plus notes."""
-        from conformance.metrics import mismatch_metrics, stack_ragged
-
         metrics: dict[str, float] = {}
         if self.rows:
             train, mask = stack_ragged([r[0] for r in self.rows])
@@ -151,8 +156,6 @@ class CheckRecord:
 
     def samples(self) -> dict[str, list[float]] | None:
         """Evenly down-sampled finite token points (at most ``MAX_SAMPLES``), for the plots."""
-        import torch
-
         if not self.rows:
             return None
         train = torch.cat([r[0] for r in self.rows])
@@ -225,8 +228,6 @@ class Recorder:
         and anything else it drew — before it runs the stack; returns it. An example whose one
         case the check has already run and passed ends here, passing (:class:`RepeatedCase`),
         until the check first fails."""
-        from conformance.strategies import drawing_at_top, drawing_batch_size
-
         record = self._require_check()
         record.case = {
             "prompt_ids": [list(p) for p in prompts],
@@ -282,10 +283,6 @@ class Recorder:
         of the ``sides`` (what ``lp_train`` and ``lp_infer`` hold, as a message names them) the
         first one is.
         """
-        import torch
-
-        from conformance.metrics import mismatch_metrics, stack_ragged
-
         record = self._require_check()
         train_rows = [torch.as_tensor(r, dtype=torch.float64).reshape(-1) for r in lp_train]
         infer_rows = [torch.as_tensor(r, dtype=torch.float64).reshape(-1) for r in lp_infer]
@@ -339,10 +336,6 @@ class Recorder:
         rows alone, without recording them: for testing a hypothesis about what an engine
         reports. ``per_example`` keeps to the bounds ``check_profile`` holds an example to (to
         replay a failing example on other engines)."""
-        import torch
-
-        from conformance.metrics import mismatch_metrics, stack_ragged
-
         train, mask = stack_ragged([torch.as_tensor(r, dtype=torch.float64) for r in lp_train])
         infer, _ = stack_ragged([torch.as_tensor(r, dtype=torch.float64) for r in lp_infer])
         metrics = _safe_metrics(mismatch_metrics, train, infer, mask)
@@ -517,8 +510,6 @@ def run_at_top(test: _GivenTest, run: Callable[[], object]) -> None:
     the top whatever else changes, and each try costs the largest engine call), and their
     choices give the smallest case outside, so none go to the example database.
     """
-    from conformance.strategies import at_top_sizes
-
     with _one_example(test), at_top_sizes() as top:
         run()
     if top.cut_short:
@@ -532,8 +523,6 @@ def one_example_at_batch_size(test: _GivenTest, size: int) -> Iterator[None]:
     sequences long (:func:`conformance.strategies.at_batch_size`): run once per
     ``batch_buckets`` size, every run reaches every batch-size bucket. Not shrunk nor stored,
     as :func:`run_at_top`'s."""
-    from conformance.strategies import at_batch_size
-
     with _one_example(test), at_batch_size(size):
         yield
 
@@ -542,8 +531,6 @@ def one_example_at_batch_size(test: _GivenTest, size: int) -> Iterator[None]:
 def _one_example(test: _GivenTest) -> Iterator[None]:
     """While inside, ``test`` runs Hypothesis's first (simplest-choice) example only, kept out
     of the example database."""
-    from hypothesis import Phase, settings
-
     # @given keeps the settings it was decorated under here, and Hypothesis has no public way
     # to change them for one call
     drawn = test._hypothesis_internal_use_settings
@@ -599,8 +586,6 @@ def _first_nonfinite(
     train_rows: list[torch.Tensor], infer_rows: list[torch.Tensor], sides: tuple[str, str]
 ) -> str:
     """Where the first NaN/inf is, and on which side, for the failure message."""
-    import torch
-
     for row, (train, infer) in enumerate(zip(train_rows, infer_rows, strict=True)):
         for side, values in zip(sides, (train, infer), strict=True):
             bad = (~torch.isfinite(values)).nonzero()
