@@ -53,8 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     factors = parse_factors(args.max_regression)
     profile = load_profile(args.profile) if args.profile else None
-    for line in profile.ignored if profile else ():
-        releases.warn(line)
+    if profile is not None:
+        for line in profile.ignored:
+            releases.warn(line)
     result = compare(
         load_report(args.baseline),
         load_report(args.candidate),
