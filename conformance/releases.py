@@ -148,8 +148,9 @@ def check_stack(components: Mapping[str, ReleaseRange | None]) -> str | None:
 
 
 def warn(line: str | None) -> None:
-    """Print a warning line (a :func:`check` line, a profile calibrated elsewhere), before
-    anything starts: the preflight's, which checks each input once a run."""
+    """Print a warning line (a :func:`check` line, a profile calibrated elsewhere or holding a
+    table it ignores), before anything starts: the preflight's, which checks each input once a
+    run, and the gate's."""
     if line is not None:
         print(f"tim-conformance: warning: {line}", file=sys.stderr, flush=True)
 
