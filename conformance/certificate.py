@@ -14,7 +14,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,11 +69,20 @@ class LaunchVerdict:
     reasons: list[str]
     #: what was checked or left unchecked beyond the reasons, one line each (the signature)
     notes: list[str]
-    stack: CertificateCheck
+    #: the current stack held to the certified one; None where the certificate alone refused
+    #: the launch, its stack neither built nor started
+    stack: CertificateCheck | None = None
 
     @property
     def certifies(self) -> bool:
         return not self.reasons
+
+    def with_stack(self, check: CertificateCheck) -> LaunchVerdict:
+        """This verdict of the certificate alone, with the current stack held to the certified
+        one (``check``, :func:`compare_stacks`'s)."""
+        changed = ", ".join(key for key, _, _ in check.differences)
+        stack_reasons = [f"the stack changed since it was certified: {changed}"] if changed else []
+        return replace(self, reasons=[*self.reasons, *stack_reasons], stack=check)
 
     @property
     def lines(self) -> list[str]:
@@ -82,9 +91,10 @@ class LaunchVerdict:
         said = [f"NOT CERTIFIED for this launch: {reason}" for reason in self.reasons] or [
             f"CERTIFIED for this launch: the current stack is the one certified in {self.path}"
         ]
+        differences = self.stack.differences if self.stack is not None else []
         changed = [
             f"  {key}: certified {certified!r}, now {current!r}"
-            for key, certified, current in self.stack.differences
+            for key, certified, current in differences
         ]
         notes = [f"tim-conformance: {note}" for note in self.notes]
         return [*(f"tim-conformance: {line}" for line in said), *changed, *notes]
@@ -210,29 +220,19 @@ def _flag_values(args: list[str]) -> dict[str, str | list[str]]:
     return values
 
 
-def check_certificate(cert_path: Path, stack: Mapping[str, Any]) -> CertificateCheck:
-    """Compare the current ``stack`` (report.json's shape) with the certified one."""
-    return _compare_stacks(load_certificate(cert_path), stack)
-
-
-def judge_certificate(
-    certificate: Mapping[str, Any], stack: Mapping[str, Any], *, path: Path
-) -> LaunchVerdict:
-    """Whether a run of the current ``stack`` may start on ``certificate``
-    (:func:`load_certificate`'s, of ``path``): it must be untouched (signature, fingerprint,
-    the report.json beside it), certify the stack, and name this very stack."""
+def judge_certificate(certificate: Mapping[str, Any], *, path: Path) -> LaunchVerdict:
+    """Whether a run may start on ``certificate`` (:func:`load_certificate`'s, of ``path``),
+    judged on its own, before any of its values is used: it must certify a stack and be
+    untouched (signature, fingerprint, the report.json beside it). Whether it names the
+    current stack is :meth:`LaunchVerdict.with_stack`'s, once that stack started."""
     signature_reasons, notes = _signature_check(certificate, CERT_KEY.get())
-    comparison = _compare_stacks(certificate, stack)
     # what the certified run concluded, then whether the certificate still says what it wrote
     reasons = [
         *_not_certified(certificate),
         *signature_reasons,
         *_edited_fields(certificate, path.parent / "report.json"),
     ]
-    if comparison.differences:
-        changed = ", ".join(key for key, _, _ in comparison.differences)
-        reasons.append(f"the stack changed since it was certified: {changed}")
-    return LaunchVerdict(path, reasons, notes, comparison)
+    return LaunchVerdict(path, reasons, notes)
 
 
 def sign(certificate: Mapping[str, Any], key: str) -> str:
@@ -362,7 +362,9 @@ def _short(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _compare_stacks(certificate: Mapping[str, Any], stack: Mapping[str, Any]) -> CertificateCheck:
+def compare_stacks(certificate: Mapping[str, Any], stack: Mapping[str, Any]) -> CertificateCheck:
+    """The current ``stack`` (report.json's shape) against the one ``certificate`` certified,
+    the ``VOLATILE`` fields left out."""
     certified = _flatten(certificate["stack"])
     current = _flatten(stable_stack(stack))
     differences = [

@@ -17,6 +17,7 @@ from conformance import env, releases
 from conformance.backends import BACKENDS
 from conformance.certificate import (
     certified_values,
+    compare_stacks,
     judge_certificate,
     load_certificate,
     write_certificate,
@@ -120,9 +121,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # read (or refused) before anything starts, and once: the stack it names is the one judged
-    certificate = load_certificate(args.check) if args.check is not None else None
-    recorded = certified_values(certificate) if certificate is not None else None
+    certificate, recorded = None, None
+    if args.check is not None:
+        certificate = load_certificate(args.check)
+        recorded = certified_values(certificate)
+        # judged on its own before its values build a stack: one that certifies nothing, or
+        # was edited, names no stack to build, let alone start
+        standing = judge_certificate(certificate, path=args.check)
+        if not standing.certifies:
+            print(*standing.lines, sep="\n")
+            return 1
     given = vars(args)
     spec = StackSpec.from_options(given, pyproject_table(Path.cwd()), recorded=recorded)
     out = args.out or Path("reports") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -141,9 +149,8 @@ def run(args: argparse.Namespace) -> int:
             if certificate is not None:
                 # the stack as it starts now, against the one the certificate certified
                 started = StartedStack.fingerprint_of(spec)
-                verdict = judge_certificate(certificate, started, path=args.check)
-                for line in verdict.lines:
-                    print(line)
+                verdict = standing.with_stack(compare_stacks(certificate, started))
+                print(*verdict.lines, sep="\n")
                 return 0 if verdict.certifies else 1
             stage = "startup"
             report = _run_suites(spec, suites, out, seed, extra, verbose=args.verbose)

@@ -107,6 +107,21 @@ def test_an_edited_field_is_named_and_breaks_the_signature(field, edit, certifie
     assert not any(r.startswith("the stack changed") for r in said), said
 
 
+@pytest.mark.parametrize(
+    ("field", "value"), [("model", "/nonexistent/model"), ("engine", "no-such-engine")]
+)
+def test_an_edited_stack_option_is_refused_before_the_stack_is_built(
+    field, value, certified, env, tmp_path
+):
+    """The values of an edited certificate name no stack to build: the edit is the verdict
+    (exit 1), not a usage error over a model folder or engine that its run never had."""
+    path = edited(certified, tmp_path / "run", lambda c: c["spec"].update({field: value}))
+    code, lines = check(path, env)
+    assert code == 1, lines
+    (reason,) = reasons(lines)
+    assert reason.startswith(f"certificate field 'spec.{field}' was edited: it says {value!r}")
+
+
 def test_an_edited_fingerprint_shows_without_the_report_or_a_key(certified, env, tmp_path):
     """Moved away from its report, with no key set: the fingerprint is recomputed from the
     stack the certificate records."""
@@ -169,10 +184,12 @@ def test_an_interrupted_run_certifies_no_launch(env, tmp_path):
     assert code == 2, output[-3000:]
     code, lines = check(out / "certificate.json", env)
     assert code == 1, lines
-    # cut short before its engine started, it recorded no engine or backend info either: that
-    # stack difference follows, but the first reason is that nothing was certified
-    said = reasons(lines)
-    assert said[0].startswith("its run was not certified: it did not finish"), said
+    # cut short before its engine started, it recorded no engine or backend info either: refused
+    # for what it certified, its stack is not started to show that difference
+    assert reasons(lines) == [
+        "its run was not certified: it did not finish (verdict incomplete: interrupted, or a "
+        "component failed)"
+    ]
 
 
 def test_thread_settings_outside_the_flags_are_part_of_the_stack(certified, env):

@@ -1,6 +1,6 @@
 """Certificates mean what they say: a run of some suites is no certificate of the stack, and
-``certify --check CERT`` alone checks the stack the certificate names (and refuses a run of
-some suites all the same). (A full run's certificate,
+``certify --check CERT`` refuses it before its stack is built, and alone checks the stack a
+full run's certificate names. (A full run's certificate,
 the suites it lists and the skip reasons on the terminal: ``test_certify.py``'s default run.)"""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def certify(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
     )  # fmt: skip
 
 
-def test_a_run_of_some_suites_is_no_certificate_and_check_reads_its_stack(tmp_path, cli_env):
+def test_a_run_of_some_suites_is_no_certificate(tmp_path, cli_env):
     out = tmp_path / "run"
     engine = "tests.support.byoe_engines:Fp32Only"
     run = certify(
@@ -36,13 +36,22 @@ def test_a_run_of_some_suites_is_no_certificate_and_check_reads_its_stack(tmp_pa
     assert certificate["verdict"] == "pass"
     assert certificate["certified"] is False and certificate["scope"] == "suites"
     assert certificate["suites"] == ["rollout_parity"]
-    # no stack options: the certificate's own stack (a non-default engine) is the one checked,
-    # and found unchanged; the gate still refuses it, as a run of some suites only
+    # refused for what it certifies, before any value of it builds a stack
     check = certify("--check", str(out / "certificate.json"), env=cli_env)
     assert check.returncode == 1, check.stdout + check.stderr
     assert "scoped to suite(s) rollout_parity" in check.stdout
     assert "the stack changed" not in check.stdout
-    # stack options given: that stack is checked against it
+
+
+def test_check_alone_rebuilds_the_stack_its_certificate_names(tmp_path, cli_env):
+    """A full run on a non-default engine: ``--check`` with no stack options starts that
+    engine, from the certificate's own values; with stack options, the stack they give."""
+    out = tmp_path / "run"
+    engine = "tests.support.byoe_engines:Fp32Only"
+    run = certify("--engine", engine, "--examples", "1", "--out", str(out), env=cli_env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    check = certify("--check", str(out / "certificate.json"), env=cli_env)
+    assert check.returncode == 0, check.stdout + check.stderr
     other = certify(
         "--check", str(out / "certificate.json"), "--engine", "hf-generate", env=cli_env
     )

@@ -9,7 +9,12 @@ import json
 import pytest
 import torch
 
-from conformance.certificate import check_certificate, write_certificate
+from conformance.certificate import (
+    compare_stacks,
+    judge_certificate,
+    load_certificate,
+    write_certificate,
+)
 from conformance.errors import UsageError
 from conformance.report import Report
 
@@ -48,7 +53,7 @@ def test_same_stack_matches_even_from_another_folder(written) -> None:
     stack = copy.deepcopy(report.stack)
     stack["model"]["path"] = "/elsewhere/model"
     stack["fingerprint"] = "recomputed"
-    check = check_certificate(cert_path, stack)
+    check = compare_stacks(load_certificate(cert_path), stack)
     assert check.matches and check.differences == []
 
 
@@ -58,13 +63,30 @@ def test_changed_stack_lists_each_difference(written) -> None:
     stack["engine_dtype"] = "float32"
     stack["versions"]["torch"] = "9.9.9"
     stack["env"]["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-    check = check_certificate(cert_path, stack)
+    check = compare_stacks(load_certificate(cert_path), stack)
     assert not check.matches
     assert check.differences == [
         ("engine_dtype", "bfloat16", "float32"),
         ("env.CUBLAS_WORKSPACE_CONFIG", None, ":4096:8"),
         ("versions.torch", torch.__version__, "9.9.9"),
     ]
+
+
+def test_a_certificate_is_judged_alone_then_with_the_stack(written) -> None:
+    """A NOT CERTIFIED run's certificate is refused on its own, no stack compared; holding
+    the current stack to it adds its differences after."""
+    report, cert, cert_path = written
+    standing = judge_certificate(cert, path=cert_path)
+    assert standing.reasons[0] == "its run was not certified: verdict NOT CERTIFIED"
+    assert standing.stack is None and not standing.certifies
+    stack = copy.deepcopy(report.stack)
+    stack["engine_dtype"] = "float32"
+    verdict = standing.with_stack(compare_stacks(cert, stack))
+    assert verdict.reasons == [
+        *standing.reasons,
+        "the stack changed since it was certified: engine_dtype",
+    ]
+    assert "  engine_dtype: certified 'bfloat16', now 'float32'" in verdict.lines
 
 
 def test_bad_inputs_are_one_line_errors(tmp_path) -> None:
@@ -76,5 +98,5 @@ def test_bad_inputs_are_one_line_errors(tmp_path) -> None:
         write_certificate(tmp_path / "none.json", tmp_path / "out.json")
     for bad in ("c.json", "none.json", "r.json"):
         with pytest.raises(UsageError) as err:
-            check_certificate(tmp_path / bad, {})
+            load_certificate(tmp_path / bad)
         assert "\n" not in str(err.value)
