@@ -5,7 +5,8 @@ they take, the releases they support), the model folder, a run shape the model c
 Then the stack to run: on a CPU its batches within the model's cost; where the profile was
 calibrated on another model or device, a named one stays (a one-line warning says so) and an
 implied one gives way to the model's own (:func:`conformance.calibration.own_profile.own_profile`:
-calibrated once, cached). certify and the plugin both call :func:`preflight`, once per spec.
+calibrated once, cached). certify and the plugin both call :func:`preflight`, once per spec;
+``certify --check``, which starts the stack and judges none of it, leaves the profile out.
 """
 
 from __future__ import annotations
@@ -21,18 +22,20 @@ from conformance.profiles import load_profile
 from conformance.stack import StackSpec
 
 
-def preflight(spec: StackSpec) -> StackSpec:
+def preflight(spec: StackSpec, *, judged: bool = True) -> StackSpec:
     """``spec`` checked, and the stack to run (see the module's docstring); a UsageError line
-    for what the user can fix."""
-    profile = load_profile(spec.profile)
-    for line in profile.ignored:
+    for what the user can fix. Not ``judged``: a stack that is only started, never held to a
+    profile (``certify --check``), whose profile is neither loaded nor calibrated: the launch
+    does not depend on it, and a model's own profile is cached only where it was calibrated."""
+    profile = load_profile(spec.profile) if judged else None
+    for line in profile.ignored if profile is not None else ():
         releases.warn(line)
     engine, backend = ENGINES.get(spec.engine), BACKENDS.get(spec.backend)
     engine.check_options(spec.engine_options)
     backend.check_options(spec.backend_options)
     model = inspect_model(spec.model_dir())
     device = device_info()
-    foreign = profile.foreign_to(model.sha256, device)
+    foreign = profile.foreign_to(model.sha256, device) if profile is not None else None
     context = model.max_position_embeddings
     spec.depth.check_fits(context)
     shape = spec.depth.for_host(model, device)
@@ -52,7 +55,7 @@ def preflight(spec: StackSpec) -> StackSpec:
     # the shipped profiles hold caches in the model's precision: a lossy cache needs its own
     kv_format = spec.kv_format
     costed = replace(spec, depth=shape)
-    if not (foreign or kv_format) or spec.profile_named:
+    if profile is None or not (foreign or kv_format) or spec.profile_named:
         releases.warn(foreign)
         return costed
     # calibration (and Hypothesis, which it draws with) is loaded only where it runs

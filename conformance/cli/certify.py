@@ -144,8 +144,9 @@ def run(args: argparse.Namespace) -> int:
     stage, report = "preflight", None
     with sigterm_as_interrupt() as signals:
         try:
-            # may calibrate the model's own profile first: minutes, where a run gets cut short
-            spec = preflight(spec)
+            # may calibrate the model's own profile first: minutes, where a run gets cut short;
+            # --check judges no measurement, so no profile
+            spec = preflight(spec, judged=certificate is None)
             if certificate is not None:
                 # the stack as it starts now, against the one the certificate certified
                 started = StartedStack.fingerprint_of(spec)

@@ -204,6 +204,28 @@ def test_thread_settings_outside_the_flags_are_part_of_the_stack(certified, env)
     assert f"  device.threads: certified {recorded['threads']}, now {threads}" in lines
 
 
+def test_a_model_s_own_profile_is_not_needed_to_check_its_certificate(env, tmp_path):
+    """A model no shipped profile was measured on is judged by its own, calibrated and cached
+    by the certify: a launch on a machine whose cache lacks it checks the certificate all the
+    same, calibrating nothing (the profile judges a run, not a launch)."""
+    from conformance.models import make_model
+
+    model = tmp_path / "model"
+    make_model(model, seed=7)
+    out = tmp_path / "run"
+    certifying = {**env, "TIM_CONFORMANCE_CACHE": str(tmp_path / "certifier")}
+    run = certify("--model", str(model), "--examples", "1", "--out", str(out), env=certifying)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert json.loads((out / "report.json").read_text())["profile"]["name"].startswith("own-")
+    # the launch machine has none of the certifying one's cache
+    shutil.rmtree(tmp_path / "certifier")
+    launching = {**env, "TIM_CONFORMANCE_CACHE": str(tmp_path / "launcher")}
+    result = certify("--check", str(out / "certificate.json"), env=launching)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "calibrating" not in result.stdout + result.stderr
+    assert not (tmp_path / "launcher" / "profiles").exists()
+
+
 @pytest.mark.parametrize("content", [None, "{not json", '{"certificate_schema": 1}'])
 def test_a_file_that_is_no_certificate_is_one_line_and_exit_2(content, env, tmp_path):
     path = tmp_path / "certificate.json"
