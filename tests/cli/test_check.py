@@ -22,10 +22,10 @@ KEY = "launcher-secret"
 REFUSED = "tim-conformance: NOT CERTIFIED for this launch: "
 
 
-def certify(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def certify(*args: str, env: dict[str, str], cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "conformance", "certify", *args],
-        capture_output=True, text=True, env=env, cwd=REPO, timeout=900,
+        capture_output=True, text=True, env=env, cwd=cwd, timeout=900,
     )  # fmt: skip
 
 
@@ -204,17 +204,19 @@ def test_thread_settings_outside_the_flags_are_part_of_the_stack(certified, env)
     assert f"  device.threads: certified {recorded['threads']}, now {threads}" in lines
 
 
-def test_a_model_s_own_profile_is_not_needed_to_check_its_certificate(env, tmp_path):
-    """A model no shipped profile was measured on is judged by its own, calibrated and cached
-    by the certify: a launch on a machine whose cache lacks it checks the certificate all the
-    same, calibrating nothing (the profile judges a run, not a launch)."""
+def test_a_certificate_checks_where_the_launch_runs(env, tmp_path):
+    """Certified from the model's parent folder (``--model model``), on a model no shipped
+    profile was measured on, so judged by its own, calibrated into the certifying machine's
+    cache: a launch from another folder, on a machine without that cache, checks the
+    certificate all the same, calibrating nothing (the profile judges a run, not a launch)."""
     from conformance.models import make_model
 
-    model = tmp_path / "model"
-    make_model(model, seed=7)
+    make_model(tmp_path / "model", seed=7)
     out = tmp_path / "run"
     certifying = {**env, "TIM_CONFORMANCE_CACHE": str(tmp_path / "certifier")}
-    run = certify("--model", str(model), "--examples", "1", "--out", str(out), env=certifying)
+    run = certify(
+        "--model", "model", "--examples", "1", "--out", str(out), env=certifying, cwd=tmp_path
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert json.loads((out / "report.json").read_text())["profile"]["name"].startswith("own-")
     # the launch machine has none of the certifying one's cache
