@@ -190,9 +190,9 @@ built, checked = StackSpec.from_options.__func__, conformance.preflight.prefligh
 def from_options(cls, *args, **kwargs):
     calls["from_options"] += 1
     return built(cls, *args, **kwargs)
-def preflight(spec):
+def preflight(spec, **kwargs):
     calls["preflight"] += 1
-    return checked(spec)
+    return checked(spec, **kwargs)
 StackSpec.from_options, conformance.preflight.preflight = classmethod(from_options), preflight
 from conformance.cli import main
 sys.argv = ["tim-conformance", "certify", *sys.argv[1:]]
