@@ -41,9 +41,15 @@ NUMERICS_ENV_PREFIXES = (
     "SGL_",
     "TRITON_F32_DEFAULT",
 )
-#: endings of those variables that only say where a cache lives: torch sets
-#: TORCHINDUCTOR_CACHE_DIR itself, to a folder named after the user, once inductor loads
-_CACHE_LOCATIONS = ("_CACHE_DIR", "_CACHE_ROOT")
+#: endings of those variables that only say where something lives: torch sets
+#: TORCHINDUCTOR_CACHE_DIR itself, to a folder named after the user, once inductor loads; the vLLM
+#: adapter points VLLM_RPC_BASE_PATH at a temporary folder of each engine's
+_LOCATIONS = ("_CACHE_DIR", "_CACHE_ROOT", "_BASE_PATH")
+#: those an engine sets afresh at every start, naming that start, not its numerics: vLLM's
+#: distributed-init and shared-memory names, SGLang's run id (the time and a random number)
+_START_NAMES = frozenset(
+    {"VLLM_DIST_IDENT", "VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME", "SGLANG_RUN_ID"}
+)
 #: engine- and backend-info fields that differ between two runs of the same stack (a server's
 #: port and pid, the rank processes' pids)
 VOLATILE_INFO = frozenset({"url", "port", "pid", "pids"})
@@ -53,7 +59,9 @@ def numerics_env() -> dict[str, str]:
     return {
         k: v
         for k, v in sorted(os.environ.items())
-        if k.startswith(NUMERICS_ENV_PREFIXES) and not k.endswith(_CACHE_LOCATIONS)
+        if k.startswith(NUMERICS_ENV_PREFIXES)
+        and not k.endswith(_LOCATIONS)
+        and k not in _START_NAMES
     }
 
 
