@@ -149,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
             spec = preflight(spec, judged=certificate is None)
             if certificate is not None:
                 # the stack as it starts now, against the one the certificate certified
-                started = StartedStack.fingerprint_of(spec)
+                with _stdout_to_stderr():
+                    started = StartedStack.fingerprint_of(spec)
                 verdict = standing.with_stack(compare_stacks(certificate, started))
                 print(*verdict.lines, sep="\n")
                 return 0 if verdict.certifies else 1
@@ -264,6 +265,21 @@ def _run_suites(
             f"see {log}",
         )
     return prepared.report
+
+
+@contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """File descriptor 1 onto 2: what an engine prints as it starts (vLLM logs to stdout) goes
+    to the error output, so that ``--check``'s output is its verdict alone."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 @contextmanager

@@ -1,0 +1,73 @@
+"""``certify --check`` on the real engines a launcher runs: a certificate of a vLLM stack lets a
+launch of that very stack go, its output the verdict alone; and two starts of a stack, each in
+its own process as a certify and a later check are, fingerprint alike. What an engine sets
+afresh at every start (vLLM's distributed-init and shared-memory names, SGLang's run id) names
+that start, not the stack."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.certificate import compare_stacks
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: the stack of ``--engine ENGINE`` as ``certify --check`` starts it, as a certificate records it
+_STARTED = """
+import json, sys
+from conformance.certificate import stable_stack
+from conformance.stack import StackSpec
+from conformance.started_stack import StartedStack
+if __name__ == "__main__":  # SGLang spawns its scheduler
+    stack = StartedStack.fingerprint_of(StackSpec(engine=sys.argv[1]))
+    with open(sys.argv[2], "w") as file:
+        json.dump(stable_stack(stack), file)
+"""
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        pytest.param("vllm", marks=pytest.mark.vllm),
+        pytest.param("sglang", marks=pytest.mark.sglang),
+    ],
+)
+def test_two_starts_of_a_stack_fingerprint_alike(engine, cli_env, tmp_path):
+    def started(path: Path) -> dict:
+        result = subprocess.run(
+            [sys.executable, "-c", _STARTED, engine, str(path)],
+            capture_output=True, text=True, env=cli_env, timeout=900,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(path.read_text())
+
+    certified, launched = started(tmp_path / "first.json"), started(tmp_path / "second.json")
+    assert compare_stacks({"stack": certified}, launched).differences == []
+
+
+def certify(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "conformance", "certify", *args],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=1800,
+    )  # fmt: skip
+
+
+@pytest.mark.vllm
+def test_a_certified_vllm_stack_lets_its_launch_go(cli_env, tmp_path):
+    # unsigned, checked without a key: no signature note joins the verdict
+    env = {k: v for k, v in cli_env.items() if k != "TIM_CERT_KEY"}
+    out = tmp_path / "run"
+    run = certify("--engine", "vllm", "--examples", "1", "--out", str(out), env=env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    check = certify("--check", str(out / "certificate.json"), env=env)
+    assert check.returncode == 0, check.stdout + check.stderr[-3000:]
+    # vLLM's start-up log goes to the error output: a launcher reads the verdict alone
+    assert check.stdout.splitlines() == [
+        "tim-conformance: CERTIFIED for this launch: the current stack is the one certified in "
+        f"{out / 'certificate.json'}"
+    ]
