@@ -1,4 +1,4 @@
-"""Precision names as users type them, and the tolerance profile two precisions imply."""
+"""Precision names as users type them, and the formats an engine's KV cache may hold."""
 
 from __future__ import annotations
 
@@ -15,11 +15,6 @@ _ALIASES = {
     "bfloat16": ("bfloat16", "bf16"),
     "float16": ("float16", "fp16", "half", "f16"),
 }
-#: canonical name → the profile that a stack at that precision is held to
-_PROFILE_OF = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-#: coarser precision first: the profile follows the least precise side
-_COARSENESS = ("bfloat16", "float16", "float32")
-
 DTYPE_NAMES = tuple(_ALIASES)
 
 
@@ -45,15 +40,6 @@ def torch_dtype(name: str) -> torch.dtype:
     import torch
 
     return getattr(torch, canonical_dtype(name))
-
-
-def implied_profile(engine_dtype: str, backend_dtype: str, *, moe: bool = False) -> str:
-    """The tolerance profile for a stack: that of its less precise side; for an MoE model the
-    MoE one (``moe-bf16``), measured on the embedded MoE model: flipped routes make its
-    mismatch a different population from a dense model's."""
-    dtypes = {canonical_dtype(engine_dtype), canonical_dtype(backend_dtype)}
-    coarsest = next(d for d in _COARSENESS if d in dtypes)
-    return f"moe-{_PROFILE_OF[coarsest]}" if moe else _PROFILE_OF[coarsest]
 
 
 #: the formats an engine's KV cache may hold keys and values in (vLLM's ``kv_cache_dtype``

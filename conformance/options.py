@@ -1,7 +1,8 @@
 """The stack options, each declared once with its converter: pytest spells them ``--tim-NAME``
 (ini key ``tim_NAME``, or ``NAME`` under ``[tool.tim-conformance]`` in pyproject.toml); the CLI
 spells them ``--NAME``. :func:`resolve` turns what was given into each option's typed value (or
-one line naming the fix), which :meth:`conformance.stack.StackSpec.from_options` assembles.
+one line naming the fix), which :meth:`conformance.stack.StackSpec.from_options` assembles;
+:func:`implied_profile` is the ``profile`` option's default where none is named.
 """
 
 from __future__ import annotations
@@ -231,13 +232,32 @@ ENGINE_DTYPE = Option(
 BACKEND_DTYPE = Option(
     "backend-dtype", "backend precision", "float32", "D", choices=_dtypes, convert=dtype
 )
+#: a precision (its canonical name) → the shipped profile a stack at that precision is held to
+_PROFILE_OF = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+#: coarser precision first: the profile follows the least precise side
+_COARSENESS = ("bfloat16", "float16", "float32")
+
+
+def implied_profile(engine_dtype: str, backend_dtype: str, *, moe: bool = False) -> str:
+    """The tolerance profile a stack is held to where it names none: that of its less precise
+    side; for an MoE model the MoE one (``moe-bf16``), measured on the embedded MoE model:
+    flipped routes make its mismatch a different population from a dense model's. The dtypes
+    are canonical names (``float32``, ``bfloat16``, ``float16``), as a spec holds them.
+
+    >>> implied_profile("bfloat16", "float32"), implied_profile("float32", "float32", moe=True)
+    ('bf16', 'moe-fp32')
+    """
+    coarsest = min((engine_dtype, backend_dtype), key=_COARSENESS.index)
+    return f"moe-{_PROFILE_OF[coarsest]}" if moe else _PROFILE_OF[coarsest]
+
+
 PROFILE = Option(
     "profile",
     "tolerance profile",
     None,
     "P",
-    default_help="implied by the dtypes; on a model or device the shipped ones were not "
-    "calibrated on, the model's own, calibrated first and cached",
+    default_help="implied by the dtypes (an MoE model's: their MoE profile); on a model or "
+    "device the shipped ones were not calibrated on, the model's own, calibrated first and cached",
     choices=_profiles,
 )
 EXAMPLES = Option("examples", "Hypothesis examples per property", "20", "N", convert=positive_int)

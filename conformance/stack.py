@@ -14,10 +14,10 @@ from conformance import options
 from conformance.backends import BackendConfig
 from conformance.backends.base import Layout
 from conformance.depth import Depth, depth
-from conformance.dtypes import engine_kv_format, implied_profile
+from conformance.dtypes import engine_kv_format
 from conformance.engines import EngineConfig, LogprobKind
 from conformance.models import declared_experts, default_model
-from conformance.options import MAX_BATCH_TOKENS, RUN_SHAPE_OPTIONS
+from conformance.options import MAX_BATCH_TOKENS, RUN_SHAPE_OPTIONS, implied_profile
 
 _DEFAULT_LOGPROBS: LogprobKind = options.LOGPROBS.default_value()
 
@@ -43,7 +43,9 @@ class StackSpec:
     model: Path | None = None
     engine_dtype: str = options.ENGINE_DTYPE.default_value()
     backend_dtype: str = options.BACKEND_DTYPE.default_value()
-    profile: str = implied_profile(options.ENGINE_DTYPE.default, options.BACKEND_DTYPE.default)
+    profile: str = implied_profile(
+        options.ENGINE_DTYPE.default_value(), options.BACKEND_DTYPE.default_value()
+    )
     #: whether the user named the profile; an implied one that was measured on another model or
     #: device gives way to the model's own (:func:`conformance.preflight.preflight`)
     profile_named: bool = True

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from conformance.dtypes import implied_profile
 from conformance.profiles import load_profile
 from conformance.rl.detectors import (
     DROP_FRACTION,
@@ -36,7 +35,7 @@ from conformance.rl.detectors import (
 )
 from conformance.rl.loop import RunConfig, run_smoke, started_stack
 from conformance.rl.scenarios import Scenario
-from conformance.stack import StackSpec
+from conformance.stack import StackSpec, implied_profile
 
 #: the training regimes every case runs in: rl-smoke's default (one update per rollout batch,
 #: recomputed old policy) and the seeds' (issue 13: 4 updates, the engine's log-probs as the old

@@ -26,9 +26,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conformance.dtypes import implied_profile
 from conformance.metric_table import metric
 from conformance.models import declared_experts
+from conformance.options import implied_profile
 from conformance.profiles import Profile, load_profile
 
 #: precision → (calibrate's --engine-dtype, certify's dtype flags)

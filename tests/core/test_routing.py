@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from conformance.backends import BACKENDS, BackendConfig
-from conformance.dtypes import DTYPE_NAMES, implied_profile
+from conformance.dtypes import DTYPE_NAMES
 from conformance.engines import ENGINES, EngineConfig, SamplingSpec
 from conformance.errors import ModelError
 from conformance.models import model_folder
+from conformance.options import implied_profile
 from conformance.profiles import load_profile
 from conformance.recorder import CheckRecord, Recorder
 from conformance.routing import REPLAY_MODES, Routes, agreeing, routing_metrics
@@ -337,7 +338,7 @@ def test_an_unknown_embedded_model_is_one_line_naming_the_known_ones():
 
 def test_an_moe_stack_implies_an_moe_profile():
     assert implied_profile("bfloat16", "float32", moe=True) == "moe-bf16"
-    assert implied_profile("fp32", "fp32", moe=True) == "moe-fp32"
+    assert implied_profile("float32", "float32", moe=True) == "moe-fp32"
     assert implied_profile("float16", "float32", moe=True) == "moe-fp16"
     assert implied_profile("bfloat16", "float32") == "bf16"
     names = {implied_profile(e, b, moe=True) for e in DTYPE_NAMES for b in DTYPE_NAMES}

@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from conformance.dtypes import implied_profile
 from conformance.engines.base import Engine, EngineConfig
 from conformance.errors import UsageError
 from conformance.profiles import load_profile
 from conformance.rl.detectors import reward_drop_step
 from conformance.rl.loop import RLSummary, RunConfig, run_smoke, started_stack, sync
 from conformance.rl.scenarios import Scenario
-from conformance.stack import StackSpec
+from conformance.stack import StackSpec, implied_profile
 
 SEEDS = (0, 1, 2)
 #: "within a few steps": the alarm's window-3 median needs two perturbed steps, then persist 2
