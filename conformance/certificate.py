@@ -23,8 +23,10 @@ from conformance.env import CERT_KEY
 from conformance.errors import UsageError
 from conformance.fingerprint import VOLATILE_INFO, stack_fingerprint
 from conformance.metric_table import worst_metrics
-from conformance.options import STACK_OPTIONS, flags
+from conformance.options import JUDGED_OPTIONS, PROFILE, RUN_SHAPE_OPTIONS, STACK_OPTIONS, flags
+from conformance.profiles import load_profile
 from conformance.report.schema import Report, load_report
+from conformance.stack import StackSpec
 
 CERTIFICATE_SCHEMA = 1
 #: how ``signature`` starts: the MAC it holds, in case another ever joins it
@@ -72,17 +74,26 @@ class LaunchVerdict:
     #: the current stack held to the certified one; None where the certificate alone refused
     #: the launch, its stack neither built nor started
     stack: CertificateCheck | None = None
+    #: the values the launch names of the options a run is judged at, held to the certified
+    #: ones; None where the certificate alone refused the launch
+    values: CertificateCheck | None = None
 
     @property
     def certifies(self) -> bool:
         return not self.reasons
 
-    def with_stack(self, check: CertificateCheck) -> LaunchVerdict:
+    def with_stack(self, check: CertificateCheck, values: CertificateCheck) -> LaunchVerdict:
         """This verdict of the certificate alone, with the current stack held to the certified
-        one (``check``, :func:`compare_stacks`'s)."""
+        one (``check``, :func:`compare_stacks`'s) and the values the launch names to the
+        certified ones (``values``, :func:`compare_values`'s)."""
+        other = ", ".join(key for key, _, _ in values.differences)
         changed = ", ".join(key for key, _, _ in check.differences)
-        stack_reasons = [f"the stack changed since it was certified: {changed}"] if changed else []
-        return replace(self, reasons=[*self.reasons, *stack_reasons], stack=check)
+        reasons = [
+            *self.reasons,
+            *([f"the launch names values it was not certified at: {other}"] if other else []),
+            *([f"the stack changed since it was certified: {changed}"] if changed else []),
+        ]
+        return replace(self, reasons=reasons, stack=check, values=values)
 
     @property
     def lines(self) -> list[str]:
@@ -91,7 +102,10 @@ class LaunchVerdict:
         said = [f"NOT CERTIFIED for this launch: {reason}" for reason in self.reasons] or [
             f"CERTIFIED for this launch: the current stack is the one certified in {self.path}"
         ]
-        differences = self.stack.differences if self.stack is not None else []
+        differences = [
+            *(self.values.differences if self.values is not None else []),
+            *(self.stack.differences if self.stack is not None else []),
+        ]
         changed = [
             f"  {key}: certified {certified!r}, now {current!r}"
             for key, certified, current in differences
@@ -141,6 +155,7 @@ def build_certificate(report: Report, report_sha256: str) -> dict[str, Any]:
             "provenance": report.profile.provenance,
             "foreign": report.profile.foreign,
         },
+        "run_shape": report.run_shape,
         "seed": report.seed,
         "examples": report.examples,
         "created": report.created,
@@ -373,6 +388,50 @@ def compare_stacks(certificate: Mapping[str, Any], stack: Mapping[str, Any]) -> 
         if certified.get(key) != current.get(key)
     ]
     return CertificateCheck(matches=not differences, differences=differences)
+
+
+def compare_values(certificate: Mapping[str, Any], spec: StackSpec) -> CertificateCheck:
+    """The values ``spec``'s launch names (``spec.named``) of the options a run is judged at
+    (:data:`conformance.options.JUDGED_OPTIONS`) against the ones ``certificate`` was certified
+    at: a run certified at 512 new tokens a rollout certifies no launch of 4,096, nor one judged
+    by a looser profile. The profile compares by its bounds (a file or a name that loads to the
+    certificate's thresholds is the profile it was judged by); the run shape by the limits the
+    run drew up to (``run_shape``; ``spec`` is preflighted, so its limits are this host's, as
+    the certified ones were that host's); the rest by their values in the certificate's
+    ``spec``. A certificate that records no value of a named option certifies none."""
+    named = [o for o in JUDGED_OPTIONS if o.name in spec.named]
+    current = spec.option_values()
+    recorded, shape, judged_by = (
+        value if isinstance(value, dict) else {}
+        for value in (certificate.get(k) for k in ("spec", "run_shape", "profile"))
+    )
+    differences: list[tuple[str, object, object]] = []
+    for option in (o for o in named if o is not PROFILE):
+        if option in RUN_SHAPE_OPTIONS:
+            limit = option.name.replace("-", "_")
+            key, certified = f"run_shape.{limit}", shape.get(limit, _UNRECORDED)
+            now: object = getattr(spec.depth, limit)
+        else:
+            key, certified = f"spec.{option.name}", recorded.get(option.name, _UNRECORDED)
+            now = current[option.name]
+        if certified != now:
+            differences.append((key, certified, now))
+    if PROFILE in named:
+        profile = load_profile(spec.profile)
+        bounds = {"thresholds": profile.thresholds, "suites": profile.suites}
+        certified_bounds = {
+            "thresholds": judged_by.get("thresholds"),
+            "suites": judged_by.get("suites") or {},
+        }
+        if json.dumps(bounds, sort_keys=True) != json.dumps(certified_bounds, sort_keys=True):
+            name = judged_by.get("name")
+            shown = f"{spec.profile} (other bounds)" if spec.profile == name else spec.profile
+            differences.append(("profile", name, shown))
+    return CertificateCheck(matches=not differences, differences=differences)
+
+
+#: a value a certificate from before the field was written does not record
+_UNRECORDED = "not recorded"
 
 
 def _flatten(node: object, prefix: str = "") -> dict[str, object]:

@@ -381,6 +381,11 @@ START_TIMEOUT = Option(
     convert=positive_number,
 )
 
+#: the options a run is judged at: what the suites draw and the bounds they are held to, not the
+#: stack that starts. ``certify --check`` holds the values a launch names of them to the
+#: certificate's: it covers a launch at the values it was certified at, not at others
+JUDGED_OPTIONS = (PROFILE, EXAMPLES, DEPTH, *RUN_SHAPE_OPTIONS, SHRINK_SECONDS)
+
 STACK_OPTIONS = (
     ENGINE,
     BACKEND,
@@ -447,18 +452,33 @@ def resolve(given: Mapping[str, Any], *fallbacks: Mapping[str, Any]) -> dict[str
     """
     chosen: dict[Option, Any] = {}
     for option in STACK_OPTIONS:
-        value = given.get(option.dest)
-        for table in fallbacks:
-            if value not in (None, [], ""):
-                break
-            value = table.get(option.name, table.get(option.name.replace("-", "_")))
-        if value in (None, [], ""):
+        value = _given_value(option, given, fallbacks)
+        if value is None:
             value = option.default
         if option.multiple:
             value = [value] if isinstance(value, str) else list(value or [])
         chosen[option] = value
     typed = {o: o.typed(chosen[o]) for o in sorted(STACK_OPTIONS, key=lambda o: o is MODEL)}
     return {option.name: typed[option] for option in STACK_OPTIONS}
+
+
+def named(given: Mapping[str, Any], *fallbacks: Mapping[str, Any]) -> frozenset[str]:
+    """The names of the stack options given a value (as :func:`resolve` reads ``given`` and
+    the fallbacks), where no default filled it."""
+    return frozenset(o.name for o in STACK_OPTIONS if _given_value(o, given, fallbacks) is not None)
+
+
+def _given_value(
+    option: Option, given: Mapping[str, Any], fallbacks: tuple[Mapping[str, Any], ...]
+) -> Any:
+    """``option``'s value from the command line first, then each fallback table; None where
+    none gives one."""
+    value = given.get(option.dest)
+    for table in fallbacks:
+        if value not in (None, [], ""):
+            break
+        value = table.get(option.name, table.get(option.name.replace("-", "_")))
+    return None if value in (None, [], "") else value
 
 
 def flags(values: Mapping[str, str | list[str] | None], *, prefix: str) -> list[str]:

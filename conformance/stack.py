@@ -62,6 +62,9 @@ class StackSpec:
     call_timeout: float = options.CALL_TIMEOUT.default_value()
     #: seconds an engine or backend may take to start
     start_timeout: float = options.START_TIMEOUT.default_value()
+    #: the options the user gave a value (the command line, an ini file, a project table), not
+    #: a default nor a certificate's recorded one: the values a ``certify --check`` launch names
+    named: frozenset[str] = field(default=frozenset(), compare=False)
 
     @classmethod
     def from_options(
@@ -77,7 +80,10 @@ class StackSpec:
         profile the dtypes (and a MoE model) imply where none is named, the run shape over the
         depth's limits, an ``--engine-url`` among the engine options."""
         if recorded is not None and not options.stack_given(given):
-            fallbacks = (recorded,)
+            # the launch names no value: the certificate's are the stack's own
+            fallbacks, named = (recorded,), frozenset[str]()
+        else:
+            named = options.named(given, *fallbacks)
         values = options.resolve(given, *fallbacks)
         model: Path | None = values["model"]
         engine_dtype, backend_dtype = values["engine-dtype"], values["backend-dtype"]
@@ -106,6 +112,7 @@ class StackSpec:
             backend_options=values["backend-option"],
             call_timeout=values["call-timeout"],
             start_timeout=values["start-timeout"],
+            named=named,
         )
 
     @property

@@ -18,6 +18,7 @@ from conformance.backends import BACKENDS
 from conformance.certificate import (
     certified_values,
     compare_stacks,
+    compare_values,
     judge_certificate,
     load_certificate,
     write_certificate,
@@ -107,8 +108,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="do not run the suites: exit 0 only if the certificate certifies the stack (a full "
         "run's pass), was not edited (its fingerprint, the report.json beside it, its signature "
         f"where {env.CERT_KEY.name} is set) and names the current stack (with no stack options, "
-        "the stack the certificate names; with some, the stack they give); else exit 1, one "
-        "line per reason (default: run the suites)",
+        "the stack the certificate names; with some, the stack they give, and the values they "
+        "name of the profile, examples, depth, run shape and shrink seconds must be the "
+        "certified ones); else exit 1, one line per reason (default: run the suites)",
     )
     parser.add_argument(
         "-v",
@@ -151,7 +153,9 @@ def run(args: argparse.Namespace) -> int:
                 # the stack as it starts now, against the one the certificate certified
                 with _stdout_to_stderr():
                     started = StartedStack.fingerprint_of(spec)
-                verdict = standing.with_stack(compare_stacks(certificate, started))
+                verdict = standing.with_stack(
+                    compare_stacks(certificate, started), compare_values(certificate, spec)
+                )
                 print(*verdict.lines, sep="\n")
                 return 0 if verdict.certifies else 1
             stage = "startup"

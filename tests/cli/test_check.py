@@ -29,9 +29,12 @@ def certify(*args: str, env: dict[str, str], cwd: Path = REPO) -> subprocess.Com
     )  # fmt: skip
 
 
-def check(certificate: Path, env: dict[str, str], **variables: str) -> tuple[int, list[str]]:
-    """``certify --check``'s exit code and its verdict lines (those it prints on stdout)."""
-    result = certify("--check", str(certificate), env={**env, **variables})
+def check(
+    certificate: Path, env: dict[str, str], *flags: str, **variables: str
+) -> tuple[int, list[str]]:
+    """``certify --check``'s exit code and its verdict lines (those it prints on stdout), the
+    launch naming ``flags``."""
+    result = certify("--check", str(certificate), *flags, env={**env, **variables})
     assert "Traceback" not in result.stderr, result.stderr
     return result.returncode, result.stdout.splitlines()
 
@@ -202,6 +205,42 @@ def test_thread_settings_outside_the_flags_are_part_of_the_stack(certified, env)
     changed = reason.split(": ", 1)[1].split(", ")
     assert {"env.OMP_NUM_THREADS", "device.threads"} <= set(changed)
     assert f"  device.threads: certified {recorded['threads']}, now {threads}" in lines
+
+
+@pytest.mark.parametrize(
+    ("flags", "fields"),
+    [
+        # an RL run's own rollout length and group size, beyond what the certified run drew
+        (
+            ["--max-new-tokens", "1000", "--group-size", "16"],
+            ["run_shape.max_new_tokens", "run_shape.group_size"],
+        ),
+        # a looser profile than the one the run was judged by, more examples than it drew
+        (["--profile", "bf16", "--examples", "500"], ["spec.examples", "profile"]),
+    ],
+)
+def test_a_launch_at_values_it_was_not_certified_at_is_refused(flags, fields, certified, env):
+    """The launch names the values its run is judged at: a certificate covers the ones it was
+    certified at, no others (exit 1, each named; the stack itself is the certified one)."""
+    code, lines = check(certified / "certificate.json", env, *flags)
+    assert code == 1, lines
+    (reason,) = reasons(lines)
+    assert reason == f"the launch names values it was not certified at: {', '.join(fields)}"
+
+
+def test_a_launch_at_the_values_it_was_certified_at_goes(certified, env, tmp_path):
+    """Named as a launcher names them, the values the run was certified at: its profile as a
+    file of its own holding the same bounds, its limits by number."""
+    shape = json.loads((certified / "certificate.json").read_text())["run_shape"]
+    ours = tmp_path / "ours.toml"
+    shutil.copy(REPO / "conformance" / "profiles" / "fp32.toml", ours)
+    code, lines = check(
+        certified / "certificate.json", env,
+        "--profile", str(ours), "--examples", "2", "--depth", "quick",
+        "--max-new-tokens", str(shape["max_new_tokens"]),
+        "--max-prompt-len", str(shape["max_prompt_len"]),
+    )  # fmt: skip
+    assert code == 0, lines
 
 
 def test_a_certificate_checks_where_the_launch_runs(env, tmp_path):

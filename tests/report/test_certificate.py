@@ -11,12 +11,15 @@ import torch
 
 from conformance.certificate import (
     compare_stacks,
+    compare_values,
     judge_certificate,
     load_certificate,
     write_certificate,
 )
+from conformance.depth import depth
 from conformance.errors import UsageError
 from conformance.report import Report
+from conformance.stack import StackSpec
 
 from .reports import SUITES, make_report
 
@@ -81,12 +84,49 @@ def test_a_certificate_is_judged_alone_then_with_the_stack(written) -> None:
     assert standing.stack is None and not standing.certifies
     stack = copy.deepcopy(report.stack)
     stack["engine_dtype"] = "float32"
-    verdict = standing.with_stack(compare_stacks(cert, stack))
+    verdict = standing.with_stack(compare_stacks(cert, stack), compare_values(cert, StackSpec()))
     assert verdict.reasons == [
         *standing.reasons,
         "the stack changed since it was certified: engine_dtype",
     ]
     assert "  engine_dtype: certified 'bfloat16', now 'float32'" in verdict.lines
+
+
+def test_a_launch_is_held_to_the_values_it_names(written) -> None:
+    """Of the options a run is judged at, the ones a launch names are held to the certified
+    values (the run shape by its limits, the profile by its bounds, the rest by the spec); the
+    ones it leaves unnamed are not; a certificate that records none (written before the
+    field) certifies none."""
+    _, cert, cert_path = written
+    cert = {**cert, "spec": StackSpec().option_values(), "run_shape": depth("quick").run_shape()}
+    launch = StackSpec.from_options(
+        {"tim_max_new_tokens": "1000", "tim_examples": "20", "tim_shrink_seconds": "30"}
+    )
+    values = compare_values(cert, launch)
+    # 20 examples is what the certified run drew: named, and the same
+    assert values.differences == [
+        ("run_shape.max_new_tokens", 128, 1000),
+        ("spec.shrink-seconds", "60", "30"),
+    ]
+    verdict = judge_certificate(cert, path=cert_path).with_stack(
+        compare_stacks(cert, copy.deepcopy(cert["stack"])), values
+    )
+    assert verdict.reasons[-1] == (
+        "the launch names values it was not certified at: run_shape.max_new_tokens, "
+        "spec.shrink-seconds"
+    )
+    assert "  run_shape.max_new_tokens: certified 128, now 1000" in verdict.lines
+    # the same values, unnamed (a spec built in Python names none): nothing to hold
+    assert compare_values(cert, StackSpec(examples=500, shrink_seconds=30)).matches
+    # the profile by its bounds: the shipped bf16's are not the ones the run was judged by
+    (named,) = compare_values(cert, StackSpec.from_options({"tim_profile": "bf16"})).differences
+    assert named == ("profile", "test", "bf16")
+    older = {k: v for k, v in cert.items() if k != "run_shape"}
+    assert compare_values(older, launch).differences[0] == (
+        "run_shape.max_new_tokens",
+        "not recorded",
+        1000,
+    )
 
 
 def test_bad_inputs_are_one_line_errors(tmp_path) -> None:
