@@ -86,11 +86,11 @@ class LaunchVerdict:
         """This verdict of the certificate alone, with the current stack held to the certified
         one (``check``, :func:`compare_stacks`'s) and the values the launch names to the
         certified ones (``values``, :func:`compare_values`'s)."""
-        other = ", ".join(key for key, _, _ in values.differences)
+        differ = ", ".join(key for key, _, _ in values.differences)
         changed = ", ".join(key for key, _, _ in check.differences)
         reasons = [
             *self.reasons,
-            *([f"the launch names values it was not certified at: {other}"] if other else []),
+            *([f"the launch's values differ from the certified ones: {differ}"] if differ else []),
             *([f"the stack changed since it was certified: {changed}"] if changed else []),
         ]
         return replace(self, reasons=reasons, stack=check, values=values)
@@ -391,21 +391,32 @@ def compare_stacks(certificate: Mapping[str, Any], stack: Mapping[str, Any]) -> 
 
 
 def compare_values(certificate: Mapping[str, Any], spec: StackSpec) -> CertificateCheck:
-    """The values ``spec``'s launch names (``spec.named``) of the options a run is judged at
-    (:data:`conformance.options.JUDGED_OPTIONS`) against the ones ``certificate`` was certified
-    at: a run certified at 512 new tokens a rollout certifies no launch of 4,096, nor one judged
-    by a looser profile. The profile compares by its bounds (a file or a name that loads to the
-    certificate's thresholds is the profile it was judged by); the run shape by the limits the
-    run drew up to (``run_shape``; ``spec`` is preflighted, so its limits are this host's, as
-    the certified ones were that host's); the rest by their values in the certificate's
-    ``spec``. A certificate that records no value of a named option certifies none."""
+    """The launch's values its stack's fingerprint does not show against the ones
+    ``certificate`` was certified at: the engine options it starts with, and the values it
+    names (``spec.named``) of the options a run is judged at
+    (:data:`conformance.options.JUDGED_OPTIONS`). A run certified at 512 new tokens a rollout
+    certifies no launch of 4,096, nor one judged by a looser profile. The profile compares by
+    its bounds (a file or a name that loads to the certificate's thresholds is the profile it
+    was judged by); the run shape by the limits the run drew up to (``run_shape``; ``spec`` is
+    preflighted, so its limits are this host's, as the certified ones were that host's); the
+    rest by their values in the certificate's ``spec``. A certificate that records no value of
+    a named option certifies none."""
     named = [o for o in JUDGED_OPTIONS if o.name in spec.named]
     current = spec.option_values()
     recorded, shape, judged_by = (
         value if isinstance(value, dict) else {}
         for value in (certificate.get(k) for k in ("spec", "run_shape", "profile"))
     )
+    # the engine's options, given or not: the launch starts its engine with them, and the
+    # fingerprint holds only what an engine reports of itself (one on the protocol's info, none
+    # of them); a server's address says where it runs, not what it computes
+    asked, certified_options = (
+        sorted(o for o in values if not o.startswith("url="))
+        for values in (current["engine-option"] or [], recorded.get("engine-option") or [])
+    )
     differences: list[tuple[str, object, object]] = []
+    if asked != certified_options:
+        differences.append(("spec.engine-option", certified_options, asked))
     for option in (o for o in named if o is not PROFILE):
         if option in RUN_SHAPE_OPTIONS:
             limit = option.name.replace("-", "_")

@@ -225,7 +225,7 @@ def test_a_launch_at_values_it_was_not_certified_at_is_refused(flags, fields, ce
     code, lines = check(certified / "certificate.json", env, *flags)
     assert code == 1, lines
     (reason,) = reasons(lines)
-    assert reason == f"the launch names values it was not certified at: {', '.join(fields)}"
+    assert reason == f"the launch's values differ from the certified ones: {', '.join(fields)}"
 
 
 def test_a_launch_at_the_values_it_was_certified_at_goes(certified, env, tmp_path):

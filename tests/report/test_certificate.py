@@ -112,7 +112,7 @@ def test_a_launch_is_held_to_the_values_it_names(written) -> None:
         compare_stacks(cert, copy.deepcopy(cert["stack"])), values
     )
     assert verdict.reasons[-1] == (
-        "the launch names values it was not certified at: run_shape.max_new_tokens, "
+        "the launch's values differ from the certified ones: run_shape.max_new_tokens, "
         "spec.shrink-seconds"
     )
     assert "  run_shape.max_new_tokens: certified 128, now 1000" in verdict.lines
@@ -121,6 +121,12 @@ def test_a_launch_is_held_to_the_values_it_names(written) -> None:
     # the profile by its bounds: the shipped bf16's are not the ones the run was judged by
     (named,) = compare_values(cert, StackSpec.from_options({"tim_profile": "bf16"})).differences
     assert named == ("profile", "test", "bf16")
+    # the engine's options, named or not (the fingerprint shows only those an engine reports),
+    # but for a server's address
+    asked = StackSpec.from_options({"tim_engine_option": ["max_batch=8"]})
+    assert compare_values(cert, asked).differences == [("spec.engine-option", [], ["max_batch=8"])]
+    served = {**cert, "spec": {**cert["spec"], "engine-option": ["url=http://10.0.0.1:8000"]}}
+    assert compare_values(served, StackSpec.from_options({"tim_engine_url": "http://h:1"})).matches
     older = {k: v for k, v in cert.items() if k != "run_shape"}
     assert compare_values(older, launch).differences[0] == (
         "run_shape.max_new_tokens",
