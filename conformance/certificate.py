@@ -390,10 +390,14 @@ def compare_stacks(certificate: Mapping[str, Any], stack: Mapping[str, Any]) -> 
     return CertificateCheck(matches=not differences, differences=differences)
 
 
-def compare_values(certificate: Mapping[str, Any], spec: StackSpec) -> CertificateCheck:
+def compare_values(
+    certificate: Mapping[str, Any], spec: StackSpec, started: Mapping[str, Any]
+) -> CertificateCheck:
     """The launch's values its stack's fingerprint does not show against the ones
-    ``certificate`` was certified at: the engine options it starts with, and the values it
-    names (``spec.named``) of the options a run is judged at
+    ``certificate`` was certified at: the engine options it starts with that the started
+    engine does not report (``started``, the stack as report.json records it: an option its
+    ``engine_info`` names, at its top level or among its ``knobs``, is held there, by the value
+    in effect), and the values it names (``spec.named``) of the options a run is judged at
     (:data:`conformance.options.JUDGED_OPTIONS`). A run certified at 512 new tokens a rollout
     certifies no launch of 4,096, nor one judged by a looser profile. The profile compares by
     its bounds (a file or a name that loads to the certificate's thresholds is the profile it
@@ -407,11 +411,13 @@ def compare_values(certificate: Mapping[str, Any], spec: StackSpec) -> Certifica
         value if isinstance(value, dict) else {}
         for value in (certificate.get(k) for k in ("spec", "run_shape", "profile"))
     )
-    # the engine's options, given or not: the launch starts its engine with them, and the
-    # fingerprint holds only what an engine reports of itself (one on the protocol's info, none
-    # of them); a server's address says where it runs, not what it computes
+    # the engine's options, given or not, that the fingerprint does not hold (an engine on the
+    # protocol's own info reports none); a server's address says where it runs, not what it
+    # computes
+    info = started.get("engine_info") or {}
+    held = {"url", *info, *(info.get("knobs") or {})}
     asked, certified_options = (
-        sorted(o for o in values if not o.startswith("url="))
+        sorted(o for o in values if o.partition("=")[0] not in held)
         for values in (current["engine-option"] or [], recorded.get("engine-option") or [])
     )
     differences: list[tuple[str, object, object]] = []

@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
                 with _stdout_to_stderr():
                     started = StartedStack.fingerprint_of(spec)
                 verdict = standing.with_stack(
-                    compare_stacks(certificate, started), compare_values(certificate, spec)
+                    compare_stacks(certificate, started), compare_values(certificate, spec, started)
                 )
                 print(*verdict.lines, sep="\n")
                 return 0 if verdict.certifies else 1

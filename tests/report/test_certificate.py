@@ -84,7 +84,9 @@ def test_a_certificate_is_judged_alone_then_with_the_stack(written) -> None:
     assert standing.stack is None and not standing.certifies
     stack = copy.deepcopy(report.stack)
     stack["engine_dtype"] = "float32"
-    verdict = standing.with_stack(compare_stacks(cert, stack), compare_values(cert, StackSpec()))
+    verdict = standing.with_stack(
+        compare_stacks(cert, stack), compare_values(cert, StackSpec(), stack)
+    )
     assert verdict.reasons == [
         *standing.reasons,
         "the stack changed since it was certified: engine_dtype",
@@ -102,14 +104,15 @@ def test_a_launch_is_held_to_the_values_it_names(written) -> None:
     launch = StackSpec.from_options(
         {"tim_max_new_tokens": "1000", "tim_examples": "20", "tim_shrink_seconds": "30"}
     )
-    values = compare_values(cert, launch)
+    started = copy.deepcopy(cert["stack"])
+    values = compare_values(cert, launch, started)
     # 20 examples is what the certified run drew: named, and the same
     assert values.differences == [
         ("run_shape.max_new_tokens", 128, 1000),
         ("spec.shrink-seconds", "60", "30"),
     ]
     verdict = judge_certificate(cert, path=cert_path).with_stack(
-        compare_stacks(cert, copy.deepcopy(cert["stack"])), values
+        compare_stacks(cert, started), values
     )
     assert verdict.reasons[-1] == (
         "the launch's values differ from the certified ones: run_shape.max_new_tokens, "
@@ -117,18 +120,25 @@ def test_a_launch_is_held_to_the_values_it_names(written) -> None:
     )
     assert "  run_shape.max_new_tokens: certified 128, now 1000" in verdict.lines
     # the same values, unnamed (a spec built in Python names none): nothing to hold
-    assert compare_values(cert, StackSpec(examples=500, shrink_seconds=30)).matches
+    assert compare_values(cert, StackSpec(examples=500, shrink_seconds=30), started).matches
     # the profile by its bounds: the shipped bf16's are not the ones the run was judged by
-    (named,) = compare_values(cert, StackSpec.from_options({"tim_profile": "bf16"})).differences
+    bf16 = StackSpec.from_options({"tim_profile": "bf16"})
+    (named,) = compare_values(cert, bf16, started).differences
     assert named == ("profile", "test", "bf16")
-    # the engine's options, named or not (the fingerprint shows only those an engine reports),
-    # but for a server's address
+    # the engine's options, named or not, that the started engine does not report (an
+    # engine on the protocol's own info reports none); one it reports is the fingerprint's to
+    # hold, by its value in effect; a server's address is where it runs
     asked = StackSpec.from_options({"tim_engine_option": ["max_batch=8"]})
-    assert compare_values(cert, asked).differences == [("spec.engine-option", [], ["max_batch=8"])]
+    assert compare_values(cert, asked, started).differences == [
+        ("spec.engine-option", [], ["max_batch=8"])
+    ]
+    knobs = {**started, "engine_info": {"engine": "vllm", "knobs": {"max_batch": 8}}}
+    assert compare_values(cert, asked, knobs).matches
     served = {**cert, "spec": {**cert["spec"], "engine-option": ["url=http://10.0.0.1:8000"]}}
-    assert compare_values(served, StackSpec.from_options({"tim_engine_url": "http://h:1"})).matches
+    url = StackSpec.from_options({"tim_engine_url": "http://h:1"})
+    assert compare_values(served, url, started).matches
     older = {k: v for k, v in cert.items() if k != "run_shape"}
-    assert compare_values(older, launch).differences[0] == (
+    assert compare_values(older, launch, started).differences[0] == (
         "run_shape.max_new_tokens",
         "not recorded",
         1000,
