@@ -390,6 +390,10 @@ def compare_stacks(certificate: Mapping[str, Any], stack: Mapping[str, Any]) -> 
     return CertificateCheck(matches=not differences, differences=differences)
 
 
+#: a value a certificate from before the field was written does not record
+_UNRECORDED = "not recorded"
+
+
 def compare_values(
     certificate: Mapping[str, Any], spec: StackSpec, started: Mapping[str, Any]
 ) -> CertificateCheck:
@@ -445,10 +449,6 @@ def compare_values(
             shown = f"{spec.profile} (other bounds)" if spec.profile == name else spec.profile
             differences.append(("profile", name, shown))
     return CertificateCheck(matches=not differences, differences=differences)
-
-
-#: a value a certificate from before the field was written does not record
-_UNRECORDED = "not recorded"
 
 
 def _flatten(node: object, prefix: str = "") -> dict[str, object]:

@@ -26,7 +26,12 @@ from conformance.certificate import (
 from conformance.engines import ENGINES
 from conformance.errors import EngineCrashed, UsageError
 from conformance.guard import sigterm_as_interrupt
-from conformance.options import add_stack_options, check_output_folder, pyproject_table
+from conformance.options import (
+    JUDGED_OPTIONS,
+    add_stack_options,
+    check_output_folder,
+    pyproject_table,
+)
 from conformance.preflight import preflight
 from conformance.report.summary import verdict_lines, verdict_word
 from conformance.report_builder import report_cut_short
@@ -109,8 +114,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "run's pass), was not edited (its fingerprint, the report.json beside it, its signature "
         f"where {env.CERT_KEY.name} is set) and names the current stack (with no stack options, "
         "the stack the certificate names; with some, the stack they give, and the values they "
-        "name of the profile, examples, depth, run shape and shrink seconds must be the "
-        "certified ones); else exit 1, one line per reason (default: run the suites)",
+        f"name of {', '.join('--' + o.name for o in JUDGED_OPTIONS)} must be the certified "
+        "ones); else exit 1, one line per reason (default: run the suites)",
     )
     parser.add_argument(
         "-v",
