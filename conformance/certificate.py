@@ -1,7 +1,7 @@
 """certificate.json: a small, storable record of which stack was certified against which profile.
 
 A long RL run keeps the certificate; a launcher checks it
-(``tim-conformance certify --check certificate.json``) before it starts the run: the run may go
+(``tim-conformance check certificate.json``) before it starts the run: the run may go
 only on a certificate that certifies the stack (a full run's pass), that no one edited (its
 fingerprint recomputed from its stack, its fields against the report beside it, its signature
 where ``TIM_CERT_KEY`` is set) and whose stack is today's — same engine, backend, dtypes, model
@@ -35,7 +35,7 @@ SIGNATURE_PREFIX = "hmac-sha256:"
 #: the rest, and the harness's version is the one that wrote it (the stack records it too)
 _NOT_FROM_REPORT = ("signature", "tim_conformance")
 #: fields a report from before it recorded the stack's options cannot rebuild (certify gave
-#: them; the stack they give is held to the certified one by --check all the same)
+#: them; the stack they give is held to the certified one by ``check`` all the same)
 _SPEC_FIELDS = ("spec", "stack_args")
 
 #: stack fields that identify a checkout or a process rather than the numerics: a model moved
@@ -63,7 +63,7 @@ class CertificateCheck:
 
 @dataclass(frozen=True)
 class LaunchVerdict:
-    """What ``certify --check`` concludes: whether a run may start on a certificate."""
+    """What ``tim-conformance check`` concludes: whether a run may start on a certificate."""
 
     #: the certificate judged
     path: Path
@@ -97,7 +97,7 @@ class LaunchVerdict:
 
     @property
     def lines(self) -> list[str]:
-        """What ``certify --check`` says of it, a line each: the verdict for the launch (one
+        """What ``tim-conformance check`` says of it, a line each: the verdict for the launch (one
         line per reason it may not start), each field the stack changed in, the notes."""
         said = [f"NOT CERTIFIED for this launch: {reason}" for reason in self.reasons] or [
             f"CERTIFIED for this launch: the current stack is the one certified in {self.path}"
@@ -133,7 +133,7 @@ def build_certificate(report: Report, report_sha256: str) -> dict[str, Any]:
     ``scope: "suites"``) is recorded with ``certified: false``, so that nothing that reads
     ``certified`` takes one property for the whole stack. A report from before ``scope`` reads
     as ``stack``. ``spec`` is the report's: the stack's option values as the command line
-    spells them, from which ``certify --check`` given no stack option rebuilds the certified
+    spells them, from which ``tim-conformance check`` given no stack option rebuilds the certified
     stack; ``stack_args`` (deprecated: read for certificates written before ``spec``) renders
     them as certify's flags.
     """

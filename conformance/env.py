@@ -54,7 +54,7 @@ ANY_RELEASE = EnvVar(
 CERT_KEY = EnvVar(
     "TIM_CERT_KEY",
     None,
-    "a secret key: certify signs certificate.json with it (HMAC-SHA256), and certify --check "
+    "a secret key: certify signs certificate.json with it (HMAC-SHA256), and check "
     "then refuses a certificate whose signature does not verify with it",
 )
 

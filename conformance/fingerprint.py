@@ -106,7 +106,7 @@ def fingerprint(
 def stack_fingerprint(stack: Mapping[str, Any]) -> str:
     """The hash of a recorded stack (report.json's, or a certificate's without its volatile
     fields) over all of it but where it runs from: the Python executable, the model's path and
-    the info fields that differ between runs (``VOLATILE_INFO``). ``certify --check``
+    the info fields that differ between runs (``VOLATILE_INFO``). ``tim-conformance check``
     recomputes a certificate's fingerprint with it, so an edited stack or fingerprint shows."""
     hashed = {k: v for k, v in stack.items() if k not in ("fingerprint", "python_executable")}
     hashed["model"] = {k: v for k, v in stack["model"].items() if k != "path"}

@@ -382,7 +382,7 @@ START_TIMEOUT = Option(
 )
 
 #: the options a run is judged at: what the suites draw and the bounds they are held to, not the
-#: stack that starts. ``certify --check`` holds the values a launch names of them to the
+#: stack that starts. ``tim-conformance check`` holds the values a launch names of them to the
 #: certificate's: it covers a launch at the values it was certified at, not at others
 JUDGED_OPTIONS = (PROFILE, EXAMPLES, DEPTH, *RUN_SHAPE_OPTIONS, SHRINK_SECONDS)
 

@@ -6,7 +6,7 @@ Then the stack to run: on a CPU its batches within the model's cost; where the p
 calibrated on another model or device, a named one stays (a one-line warning says so) and an
 implied one gives way to the model's own (:func:`conformance.calibration.own_profile.own_profile`:
 calibrated once, cached). certify and the plugin both call :func:`preflight`, once per spec;
-``certify --check``, which starts the stack and judges none of it, loads only a profile the
+``tim-conformance check``, which starts the stack and judges none of it, loads only a profile the
 launch names (held to the certificate's) and calibrates none.
 """
 
@@ -26,7 +26,7 @@ from conformance.stack import StackSpec
 def preflight(spec: StackSpec, *, judged: bool = True) -> StackSpec:
     """``spec`` checked, and the stack to run (see the module's docstring); a UsageError line
     for what the user can fix. Not ``judged``: a stack that is only started, never held to a
-    profile (``certify --check``), whose profile is loaded only where the launch names it (a
+    profile (``tim-conformance check``), whose profile is loaded only where the launch names it (a
     bad one refused before anything starts) and never calibrated: the launch does not depend
     on it, and a model's own profile is cached only where it was calibrated."""
     profile = load_profile(spec.profile) if judged or "profile" in spec.named else None

@@ -62,8 +62,9 @@ class StackSpec:
     call_timeout: float = options.CALL_TIMEOUT.default_value()
     #: seconds an engine or backend may take to start
     start_timeout: float = options.START_TIMEOUT.default_value()
-    #: the options the user gave a value (the command line, an ini file, a project table), not
-    #: a default nor a certificate's recorded one: the values a ``certify --check`` launch names
+    #: the options the user gave a value (the command line, an ini file, a project table), not a
+    #: default nor a certificate's recorded one: the values a ``tim-conformance check`` launch
+    #: names
     named: frozenset[str] = field(default=frozenset(), compare=False)
 
     @classmethod

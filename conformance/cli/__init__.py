@@ -23,6 +23,7 @@ from conformance.errors import ConformanceError, UsageError
 #: ``conformance.cli.make_model``
 SUBCOMMANDS = (
     "certify",
+    "check",
     "calibrate",
     "contract",
     "make-model",
@@ -35,6 +36,7 @@ SUBCOMMANDS = (
 EPILOG = """examples:
   tim-conformance certify                                   # hf-generate vs hf, embedded model
   tim-conformance certify --engine-dtype bfloat16 --profile fp32
+  tim-conformance check reports/<timestamp>/certificate.json  # a launcher's gate
   tim-conformance calibrate --model DIR --engine-dtype bf16 --out mine.toml  # your model's profile
   tim-conformance contract --engine mymod:MyEngine          # the engine contract on yours
   tim-conformance make-model /tmp/tiny --arch qwen3 --seed 1

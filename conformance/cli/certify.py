@@ -15,29 +15,17 @@ from typing import TYPE_CHECKING, ClassVar
 
 from conformance import env, releases
 from conformance.backends import BACKENDS
-from conformance.certificate import (
-    certified_values,
-    compare_stacks,
-    compare_values,
-    judge_certificate,
-    load_certificate,
-    write_certificate,
-)
+from conformance.certificate import write_certificate
+from conformance.cli import check
 from conformance.engines import ENGINES
 from conformance.errors import EngineCrashed, UsageError
 from conformance.guard import sigterm_as_interrupt
-from conformance.options import (
-    JUDGED_OPTIONS,
-    add_stack_options,
-    check_output_folder,
-    pyproject_table,
-)
+from conformance.options import add_stack_options, check_output_folder, pyproject_table
 from conformance.preflight import preflight
 from conformance.report.summary import verdict_lines, verdict_word
 from conformance.report_builder import report_cut_short
 from conformance.rl.options import add_training_options, rl_smoke_args
 from conformance.stack import StackSpec
-from conformance.started_stack import StartedStack
 from conformance.suites_location import suite_paths, suites_folder
 
 if TYPE_CHECKING:
@@ -53,7 +41,6 @@ examples:
   tim-conformance certify
   tim-conformance certify --engine vllm --engine-dtype bfloat16 --backend-dtype float32
   tim-conformance certify --engine-dtype bfloat16 --profile fp32 --out reports/bf16
-  tim-conformance certify --check reports/base/certificate.json
 """
 
 
@@ -108,14 +95,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--check",
         type=Path,
-        default=None,
+        action=_CheckAction,
         metavar="CERTIFICATE",
-        help="do not run the suites: exit 0 only if the certificate certifies the stack (a full "
-        "run's pass), was not edited (its fingerprint, the report.json beside it, its signature "
-        f"where {env.CERT_KEY.name} is set) and names the current stack (with no stack options, "
-        "the stack the certificate names; with some, the stack they give, and the values they "
-        f"name of {', '.join('--' + o.name for o in JUDGED_OPTIONS)} must be the certified "
-        "ones); else exit 1, one line per reason (default: run the suites)",
+        help="deprecated spelling of `tim-conformance check CERTIFICATE`, with the same stack "
+        "options (default: run the suites)",
     )
     parser.add_argument(
         "-v",
@@ -128,48 +111,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    certificate, recorded = None, None
-    if args.check is not None:
-        certificate = load_certificate(args.check)
-        recorded = certified_values(certificate)
-        # judged on its own before its values build a stack: one that certifies nothing, or
-        # was edited, names no stack to build, let alone start
-        standing = judge_certificate(certificate, path=args.check)
-        if not standing.certifies:
-            print(*standing.lines, sep="\n")
-            return 1
     given = vars(args)
-    spec = StackSpec.from_options(given, pyproject_table(Path.cwd()), recorded=recorded)
+    spec = StackSpec.from_options(given, pyproject_table(Path.cwd()))
     out = args.out or Path("reports") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     seed = DEFAULT_SEED if args.seed is None else args.seed
-    if certificate is None:
-        # what only a run reads, each refused in one line before anything starts: a calibration
-        # or an engine start is not spent on a run that would stop at them
-        extra = rl_smoke_args(given, rl_smoke=args.rl_smoke)
-        check_output_folder(out)
-        suites = suite_paths(args.suites or suites_folder(), args.suite)
+    # what only a run reads, each refused in one line before anything starts: a calibration or
+    # an engine start is not spent on a run that would stop at them
+    extra = rl_smoke_args(given, rl_smoke=args.rl_smoke)
+    check_output_folder(out)
+    suites = suite_paths(args.suites or suites_folder(), args.suite)
     stage, report = "preflight", None
     with sigterm_as_interrupt() as signals:
         try:
-            # may calibrate the model's own profile first: minutes, where a run gets cut short;
-            # --check judges no measurement, so no profile
-            spec = preflight(spec, judged=certificate is None)
-            if certificate is not None:
-                # the stack as it starts now, against the one the certificate certified
-                with _stdout_to_stderr():
-                    started = StartedStack.fingerprint_of(spec)
-                verdict = standing.with_stack(
-                    compare_stacks(certificate, started), compare_values(certificate, spec, started)
-                )
-                print(*verdict.lines, sep="\n")
-                return 0 if verdict.certifies else 1
+            # may calibrate the model's own profile first: minutes, where a run gets cut short
+            spec = preflight(spec)
             stage = "startup"
             report = _run_suites(spec, suites, out, seed, extra, verbose=args.verbose)
         except KeyboardInterrupt:
             # in the preflight, or as pytest started (importing it, reading its configuration:
             # the plugin reports an interrupt only from its session on): no report yet
-            if certificate is not None:
-                raise
+            pass
     shown = report is not None and args.verbose
     if report is None:
         doing, fix = _BEFORE_SUITES[stage]
@@ -183,6 +144,30 @@ def run(args: argparse.Namespace) -> int:
             report_dir=out,
         )
     return _conclude(report, out, shown=shown)
+
+
+def _check(args: argparse.Namespace) -> int:
+    """``certify --check CERTIFICATE``: the deprecated spelling of ``tim-conformance check``
+    (the run's own options it is given, which start nothing, are ignored, as they were)."""
+    releases.warn(
+        "`certify --check CERTIFICATE` is deprecated: use `tim-conformance check CERTIFICATE`, "
+        "with the same stack options"
+    )
+    return check.run(args)
+
+
+class _CheckAction(argparse.Action):
+    """``--check CERTIFICATE``: check the certificate instead of running (:func:`_check`)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        namespace.certificate = values
+        namespace.func = _check
 
 
 #: what a certify cut short before its suites was doing, and what to do about it
@@ -274,21 +259,6 @@ def _run_suites(
             f"see {log}",
         )
     return prepared.report
-
-
-@contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
-    """File descriptor 1 onto 2: what an engine prints as it starts (vLLM logs to stdout) goes
-    to the error output, so that ``--check``'s output is its verdict alone."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 @contextmanager

@@ -371,8 +371,8 @@ class Engine(ABC):
     def artefacts(self) -> Mapping[str, str]:
         """What the engine built from the model that its numbers depend on, name → digest (a
         converted model folder's hash, a compiled-graph cache key): recorded in the stack
-        fingerprint as ``engine_info.artefacts``, so a certificate pins them and ``certify
-        --check`` sees them change. None by default."""
+        fingerprint as ``engine_info.artefacts``, so a certificate pins them and ``tim-conformance
+        check`` sees them change. None by default."""
         return {}
 
     def knobs(self) -> Mapping[str, Knob]:

@@ -37,7 +37,7 @@ def default_model() -> Path:
 def model_folder(text: str) -> Path:
     """The folder a ``--model`` value names: ``embedded:NAME`` for a shipped model (built on
     first use), else a path, made absolute: the stack a report and its certificate record names
-    the same folder from wherever it is read (``certify --check``, a replay)."""
+    the same folder from wherever it is read (``tim-conformance check``, a replay)."""
     if not text.startswith(EMBEDDED_PREFIX):
         return Path(text).expanduser().absolute()
     name = text.removeprefix(EMBEDDED_PREFIX)

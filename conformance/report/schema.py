@@ -305,7 +305,7 @@ class Report(Record):
     #: files from before the field lack it
     scope: Literal["stack", "suites"] | None = None
     #: the stack options the run resolved, as the command line spells them
-    #: (``StackSpec.option_values``), from which ``certify --check`` rebuilds the stack; files
+    #: (``StackSpec.option_values``), from which ``tim-conformance check`` rebuilds the stack; files
     #: from before the field lack it
     spec: dict[str, str | list[str] | None] | None = None
     stack: Stack

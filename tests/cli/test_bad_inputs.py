@@ -181,7 +181,6 @@ def bad_option(root: Path) -> st.SearchStrategy[list[str]]:
         option("out", bad_paths(root, new_ok=True)),
         option("suites", bad_paths(root)),
         option("suite", words_but(SUITES)),
-        option("check", bad_paths(root)),
         # a training option is refused without --rl-smoke, and a bad value with it
         st.sampled_from(TRAINING_OPTIONS).map(lambda o: [f"--{o.name}=1"]),
         *(
@@ -191,10 +190,12 @@ def bad_option(root: Path) -> st.SearchStrategy[list[str]]:
     )
 
 
-def run_certify(capsys: pytest.CaptureFixture[str], args: list[str]) -> tuple[int, list[str]]:
-    """certify's exit code and its output lines (stdout and stderr), run in this process."""
+def run_cli(
+    capsys: pytest.CaptureFixture[str], command: str, args: list[str]
+) -> tuple[int, list[str]]:
+    """``command``'s exit code and its output lines (stdout and stderr), run in this process."""
     capsys.readouterr()
-    code = main(["certify", *args])
+    code = main([command, *args])
     captured = capsys.readouterr()
     return code, [line for line in (captured.out + captured.err).splitlines() if line.strip()]
 
@@ -204,7 +205,7 @@ def assert_refused(code: int, lines: list[str], folder: Path, before: set[Path])
     assert code == 2, lines
     assert len(lines) == 1, lines
     assert lines[0].startswith("tim-conformance: error: ") and "Traceback" not in lines[0]
-    assert set(folder.rglob("*")) == before, "certify wrote into the folder it was run from"
+    assert set(folder.rglob("*")) == before, "it wrote into the folder it was run from"
 
 
 @pytest.fixture
@@ -223,7 +224,18 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_a_bad_input_is_one_line_before_anything_starts(data, workdir, capsys):
     args = data.draw(bad_option(workdir), label="bad option")
     before = set(workdir.rglob("*"))
-    code, lines = run_certify(capsys, ["--out", str(workdir / "run"), *args])
+    code, lines = run_cli(capsys, "certify", ["--out", str(workdir / "run"), *args])
+    assert_refused(code, lines, workdir, before)
+
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_check_refuses_a_path_that_holds_no_certificate_in_one_line(data, workdir, capsys):
+    path = data.draw(bad_paths(workdir), label="certificate")
+    before = set(workdir.rglob("*"))
+    code, lines = run_cli(capsys, "check", [path])
     assert_refused(code, lines, workdir, before)
 
 
@@ -256,7 +268,7 @@ def test_a_bad_input_is_one_line_naming_the_fix(workdir, capsys, args, named):
     (workdir / "neg.toml").write_text(NEGATIVE_BOUND)
     (workdir / "afile").write_text("a file\n")
     before = set(workdir.rglob("*"))
-    code, lines = run_certify(capsys, ["--out", "run", *args])
+    code, lines = run_cli(capsys, "certify", ["--out", "run", *args])
     assert_refused(code, lines, workdir, before)
     assert named in lines[0] and "(fix: " in lines[0]
 

@@ -1,8 +1,9 @@
-"""``certify --check CERT`` as a launcher's gate, run as a launcher runs it (a subprocess, real
-runs of the default stack): exit 0 only on an untouched certificate of a CERTIFIED run of
-today's stack; exit 1, one line per reason, on a NOT CERTIFIED, a ``--suite`` or an interrupted
-run's certificate, an edited field (named), a signature that does not verify, a stack that
-changed; exit 2 on a file that is no certificate."""
+"""``tim-conformance check CERT`` as a launcher's gate, run as a launcher runs it (a
+subprocess, real runs of the default stack): exit 0 only on an untouched certificate of a
+CERTIFIED run of today's stack; exit 1, one line per reason, on a NOT CERTIFIED, a ``--suite``
+or an interrupted run's certificate, an edited field (named), a signature that does not verify,
+a stack that changed; exit 2 on a file that is no certificate. ``certify --check CERT``, its
+deprecated spelling, still gives the same verdicts."""
 
 from __future__ import annotations
 
@@ -10,12 +11,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support.certify_runs import certify_interrupted
+from support.certify_runs import certify_interrupted, tim_conformance
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "launcher-secret"
@@ -23,18 +23,15 @@ REFUSED = "tim-conformance: NOT CERTIFIED for this launch: "
 
 
 def certify(*args: str, env: dict[str, str], cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "conformance", "certify", *args],
-        capture_output=True, text=True, env=env, cwd=cwd, timeout=900,
-    )  # fmt: skip
+    return tim_conformance("certify", *args, env=env, cwd=cwd)
 
 
 def check(
     certificate: Path, env: dict[str, str], *flags: str, **variables: str
 ) -> tuple[int, list[str]]:
-    """``certify --check``'s exit code and its verdict lines (those it prints on stdout), the
-    launch naming ``flags``."""
-    result = certify("--check", str(certificate), *flags, env={**env, **variables})
+    """``check``'s exit code and its verdict lines (those it prints on stdout), the launch
+    naming ``flags``."""
+    result = tim_conformance("check", str(certificate), *flags, env={**env, **variables})
     assert "Traceback" not in result.stderr, result.stderr
     return result.returncode, result.stdout.splitlines()
 
@@ -94,7 +91,7 @@ def test_an_untouched_certificate_of_a_certified_run_lets_the_launch_go(certifie
             lambda c: c["metrics"]["rollout_parity"].update(abs_diff_max=1e-9),
         ),
         ("verdict", lambda c: c.update(verdict="fail")),
-        # the options --check rebuilds the stack from: held to the report's too
+        # the options check rebuilds the stack from: held to the report's too
         ("spec.examples", lambda c: c["spec"].update(examples="1")),
     ],
 )
@@ -135,6 +132,34 @@ def test_an_edited_fingerprint_shows_without_the_report_or_a_key(certified, env,
     (reason,) = reasons(lines)
     assert reason.startswith("certificate field 'fingerprint' was edited (or its 'stack'): ")
     assert "tim-conformance: signature not verified (TIM_CERT_KEY not set)" in lines
+
+
+def test_certify_check_is_the_deprecated_spelling_of_check(certified, env):
+    """``certify --check CERT``, as launchers spelled the gate before ``check``: the same
+    verdicts, the run's own options ignored as they were, and a warning naming the new
+    spelling."""
+    certificate = str(certified / "certificate.json")
+    passed = certify("--check", certificate, "--out", "never-written", env=env)
+    refused = certify("--check", certificate, "--examples", "500", env=env)
+    assert (passed.returncode, refused.returncode) == (0, 1), passed.stderr + refused.stderr
+    assert passed.stdout.startswith("tim-conformance: CERTIFIED for this launch")
+    assert reasons(refused.stdout.splitlines()) == [
+        "the launch's values differ from the certified ones: spec.examples"
+    ]
+    warning = "`certify --check CERTIFICATE` is deprecated: use `tim-conformance check"
+    assert all(warning in result.stderr for result in (passed, refused))
+    assert not (REPO / "never-written").exists()
+
+
+@pytest.mark.parametrize("flag", [["--out", "run"], ["--suite", "rollout_parity"], ["--rl-smoke"]])
+def test_a_run_option_is_refused_by_check_in_one_line(flag, env, tmp_path):
+    """What only a certify run reads starts nothing a launch could be held to: ``check`` refuses
+    it, before it reads the certificate, rather than let a launcher believe it was checked."""
+    result = tim_conformance("check", str(tmp_path / "certificate.json"), *flag, env=env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    (error,) = result.stderr.splitlines()
+    assert error.startswith(f"tim-conformance: error: unrecognized arguments: {flag[0]}")
+    assert error.endswith("(fix: see `tim-conformance check --help`)")
 
 
 def test_another_key_does_not_verify_the_signature(certified, env):
@@ -261,7 +286,7 @@ def test_a_certificate_checks_where_the_launch_runs(env, tmp_path):
     # the launch machine has none of the certifying one's cache
     shutil.rmtree(tmp_path / "certifier")
     launching = {**env, "TIM_CONFORMANCE_CACHE": str(tmp_path / "launcher")}
-    result = certify("--check", str(out / "certificate.json"), env=launching)
+    result = tim_conformance("check", str(out / "certificate.json"), env=launching)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "calibrating" not in result.stdout + result.stderr
     assert not (tmp_path / "launcher" / "profiles").exists()
@@ -272,7 +297,7 @@ def test_a_file_that_is_no_certificate_is_one_line_and_exit_2(content, env, tmp_
     path = tmp_path / "certificate.json"
     if content is not None:
         path.write_text(content)
-    result = certify("--check", str(path), env=env)
+    result = tim_conformance("check", str(path), env=env)
     assert result.returncode == 2, result.stdout + result.stderr
     errors = [e for e in result.stderr.splitlines() if e.startswith("tim-conformance: error: ")]
     assert len(errors) == 1 and "Traceback" not in result.stderr

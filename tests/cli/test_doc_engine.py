@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
+
+from support.certify_runs import tim_conformance
 
 from conformance.fingerprint import stack_fingerprint
 
@@ -16,10 +17,11 @@ ENGINE = "tests.support.doc_engine:LoopEngine"
 
 
 def certify(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "conformance", "certify", "--engine", ENGINE, *args],
-        capture_output=True, text=True, env=env, cwd=REPO, timeout=1200,
-    )  # fmt: skip
+    return tim_conformance("certify", "--engine", ENGINE, *args, env=env, timeout=1200)
+
+
+def check(certificate: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return tim_conformance("check", str(certificate), "--engine", ENGINE, env=env)
 
 
 def test_the_docs_engine_from_scratch_is_certified_and_pins_its_artefacts(tmp_path, cli_env):
@@ -36,7 +38,7 @@ def test_the_docs_engine_from_scratch_is_certified_and_pins_its_artefacts(tmp_pa
     assert len(artefacts["weights_sha256"]) == 64
     # the certificate pins the artefact: the same stack checks clean, a changed digest does not
     cert = out / "certificate.json"
-    same = certify("--check", str(cert), env=cli_env)
+    same = check(cert, env=cli_env)
     assert same.returncode == 0, same.stdout + same.stderr
     # a certificate of the stack with other weights: the digest and the fingerprint over it,
     # moved away from the report (which would show them edited)
@@ -45,7 +47,7 @@ def test_the_docs_engine_from_scratch_is_certified_and_pins_its_artefacts(tmp_pa
     certificate["fingerprint"] = stack_fingerprint(certificate["stack"])
     changed = tmp_path / "changed.json"
     changed.write_text(json.dumps(certificate))
-    differs = certify("--check", str(changed), env=cli_env)
+    differs = check(changed, env=cli_env)
     assert differs.returncode == 1 and "engine_info.artefacts.weights_sha256" in differs.stdout
 
 

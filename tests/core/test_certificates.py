@@ -1,5 +1,5 @@
 """Certificates mean what they say: a run of some suites is no certificate of the stack, and
-``certify --check CERT`` refuses it before its stack is built, and alone checks the stack a
+``tim-conformance check CERT`` refuses it before its stack is built, and alone checks the stack a
 full run's certificate names. (A full run's certificate,
 the suites it lists and the skip reasons on the terminal: ``test_certify.py``'s default run.)"""
 
@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
+
+from support.certify_runs import tim_conformance
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def certify(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "conformance", "certify", *args],
-        capture_output=True, text=True, env=env, cwd=REPO, timeout=900,
-    )  # fmt: skip
+    return tim_conformance("certify", *args, env=env)
 
 
 def test_a_run_of_some_suites_is_no_certificate(tmp_path, cli_env):
@@ -37,7 +35,7 @@ def test_a_run_of_some_suites_is_no_certificate(tmp_path, cli_env):
     assert certificate["certified"] is False and certificate["scope"] == "suites"
     assert certificate["suites"] == ["rollout_parity"]
     # refused for what it certifies, before any value of it builds a stack
-    check = certify("--check", str(out / "certificate.json"), env=cli_env)
+    check = tim_conformance("check", str(out / "certificate.json"), env=cli_env)
     assert check.returncode == 1, check.stdout + check.stderr
     assert "scoped to suite(s) rollout_parity" in check.stdout
     assert "the stack changed" not in check.stdout
@@ -50,9 +48,9 @@ def test_check_alone_rebuilds_the_stack_its_certificate_names(tmp_path, cli_env)
     engine = "tests.support.byoe_engines:Fp32Only"
     run = certify("--engine", engine, "--examples", "1", "--out", str(out), env=cli_env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    check = certify("--check", str(out / "certificate.json"), env=cli_env)
+    check = tim_conformance("check", str(out / "certificate.json"), env=cli_env)
     assert check.returncode == 0, check.stdout + check.stderr
-    other = certify(
-        "--check", str(out / "certificate.json"), "--engine", "hf-generate", env=cli_env
+    other = tim_conformance(
+        "check", str(out / "certificate.json"), "--engine", "hf-generate", env=cli_env
     )
     assert other.returncode == 1 and f"certified '{engine}', now 'hf-generate'" in other.stdout

@@ -1,6 +1,6 @@
 """A stack spec as values: the values a spec spells resolve, through the options' own converters,
 to the same spec; a certificate's recorded ``spec``, its older ``stack_args`` and, older still,
-its stack's fields name the stack ``certify --check`` rebuilds."""
+its stack's fields name the stack ``tim-conformance check`` rebuilds."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""``certify --check`` on the real engines a launcher runs: a certificate of a vLLM stack lets a
-launch of that very stack go, its output the verdict alone; and two starts of a stack, each in
-its own process as a certify and a later check are, fingerprint alike. What an engine sets
-afresh at every start (vLLM's distributed-init and shared-memory names, SGLang's run id) names
+"""``tim-conformance check`` on the real engines a launcher runs: a certificate of a vLLM stack
+lets a launch of that very stack go, its output the verdict alone; and two starts of a stack,
+each in its own process as a certify and a later check are, fingerprint alike. What an engine
+sets afresh at every start (vLLM's distributed-init and shared-memory names, SGLang's run id) names
 that start, not the stack."""
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.certify_runs import tim_conformance
 
 from conformance.certificate import compare_stacks
 
 REPO = Path(__file__).resolve().parents[2]
 
-#: the stack of ``--engine ENGINE`` as ``certify --check`` starts it, as a certificate records it
+#: the stack of ``--engine ENGINE`` as ``check`` starts it, as a certificate records it
 _STARTED = """
 import json, sys
 from conformance.certificate import stable_stack
@@ -51,10 +52,7 @@ def test_two_starts_of_a_stack_fingerprint_alike(engine, cli_env, tmp_path):
 
 
 def certify(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "conformance", "certify", *args],
-        capture_output=True, text=True, env=env, cwd=REPO, timeout=1800,
-    )  # fmt: skip
+    return tim_conformance("certify", *args, env=env, timeout=1800)
 
 
 @pytest.mark.vllm
@@ -64,7 +62,7 @@ def test_a_certified_vllm_stack_lets_its_launch_go(cli_env, tmp_path):
     out = tmp_path / "run"
     run = certify("--engine", "vllm", "--examples", "1", "--out", str(out), env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    check = certify("--check", str(out / "certificate.json"), env=env)
+    check = tim_conformance("check", str(out / "certificate.json"), env=env)
     assert check.returncode == 0, check.stdout + check.stderr[-3000:]
     # vLLM's start-up log goes to the error output: a launcher reads the verdict alone
     assert check.stdout.splitlines() == [

@@ -103,10 +103,10 @@ def test_gate_certificate_summary_and_page_read_early_and_current_files_alike(
     assert [c["profile"].pop("provenance") is None for c in certificates] == [True, False]
     # nor the suites whose bounds replace the base ones
     assert [bool(c["profile"].pop("suites")) for c in certificates] == [False, True]
-    # nor the stack options it resolved, from which --check rebuilds the stack
+    # nor the stack options it resolved, from which check rebuilds the stack
     assert [c.pop("spec") is None for c in certificates] == [True, False]
     assert [c.pop("stack_args") is None for c in certificates] == [True, False]
-    # nor the limits it drew up to, which --check holds a launch's run shape to
+    # nor the limits it drew up to, which check holds a launch's run shape to
     assert [c.pop("run_shape") is None for c in certificates] == [True, False]
     for certificate in certificates:
         del certificate["report_sha256"]

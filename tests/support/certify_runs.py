@@ -1,5 +1,5 @@
-"""Running ``tim-conformance certify`` as a user does, for the tests that judge its verdicts:
-a subprocess from the repository root, its exit code, report.json and output."""
+"""Running ``tim-conformance`` as a user does, for the tests that judge its verdicts: a
+subprocess from the repository root, its exit code, report.json and output."""
 
 from __future__ import annotations
 
@@ -16,6 +16,16 @@ ENGINES = "tests.support.engines:"
 #: the default 20 (tests/cli/test_certify.py), as do the suites against vLLM (tox's vllm env);
 #: 20 for every variant too would take CI well past an hour on two cores.
 VARIANT_EXAMPLES = ("--examples", "5")
+
+
+def tim_conformance(
+    *args: str, env: dict[str, str], cwd: Path = REPO, timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
+    """``tim-conformance ARGS`` run from ``cwd``, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "conformance", *args],
+        capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout,
+    )  # fmt: skip
 
 
 def certify(*args: str, env: dict[str, str], out: Path) -> tuple[int, dict, str]:
