@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from conformance.component_options import parse_bool, parse_engine_options, parse_positive_int
+from conformance.engines import _sglang_internals as internals
 from conformance.engines.base import (
     Completion,
     EngineCapabilities,
@@ -218,13 +219,24 @@ def sglang_version() -> str | None:
         return None
 
 
+def knobs(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options as SGLang is asked to run: each SGLang takes (:data:`OPTIONS`, but the
+    harness's own) at the value given, else at SGLang's own default
+    (:func:`~conformance.engines._sglang_internals.server_arg_defaults`), so that a launch
+    spelling out a default is the stack that left it unspelt; the harness's own as given."""
+    defaults = internals.server_arg_defaults()
+    asked = {k: defaults[k] for k in OPTIONS if k not in _OWN_OPTIONS and k in defaults}
+    # None: the harness leaves the option to SGLang (its CUDA defaults)
+    return {**asked, **{k: v for k, v in options.items() if v is not None}}
+
+
 def describe(
     options: Mapping[str, Any], env: Mapping[str, str], standin: str | None
 ) -> dict[str, Any]:
     """The SGLang part of an engine's ``info()``."""
     return {
         "sglang": sglang_version(),
-        "knobs": dict(options),
+        "knobs": knobs(options),
         "env": dict(env),
         "sgl_kernel_standin": standin,
         # SGLang applies sampling_seed only in deterministic-inference mode

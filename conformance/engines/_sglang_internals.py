@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import inspect
 import logging
 import signal
 import threading
@@ -99,3 +100,19 @@ def release_ipc(engine: Any) -> None:
     contexts = {id(s.context): s.context for s in sockets if s is not None}
     for context in contexts.values():
         context.destroy(linger=0)
+
+
+def server_arg_defaults() -> dict[str, Any]:
+    """SGLang's own default of each argument its engine and server take: ``ServerArgs``'s
+    signature (a ``msgspec.Struct`` in 0.5.23, where this was checked), before the values it
+    resolves as it starts. Empty where SGLang does not import here (a server the user started
+    elsewhere): its knobs are then the options given."""
+    try:
+        from sglang.srt.server_args import ServerArgs
+    except ImportError:
+        return {}
+    return {
+        name: parameter.default
+        for name, parameter in inspect.signature(ServerArgs).parameters.items()
+        if parameter.default is not inspect.Parameter.empty
+    }

@@ -23,6 +23,7 @@ import pytest
 from support.engine_tests import needs, started
 
 from conformance.engines import SamplingSpec, _vllm_common
+from conformance.engines import _sglang_common as sglang_common
 from conformance.engines import _sglang_internals as sglang_internals
 from conformance.engines import _vllm_internals as vllm_internals
 from conformance.engines._sglang_common import sglang_version
@@ -231,6 +232,18 @@ def test_an_sglang_engine_is_detached_from_its_watchdog_and_its_children_stopped
     assert not [child for child in children if child.is_running()]
     assert all(s.closed and s.context.closed for s in sockets)
     assert all(task.done() for task in manager.asyncio_tasks)
+
+
+@on_sglang
+def test_sglangs_own_defaults_are_read_for_every_option_it_takes() -> None:
+    """Each option the harness passes SGLang has a default in ``ServerArgs``'s signature, read
+    from the installed release, which the knobs of a stack that leaves it unnamed hold."""
+    defaults = sglang_internals.server_arg_defaults()
+    taken = set(sglang_common.OPTIONS) - sglang_common._OWN_OPTIONS
+    assert taken <= set(defaults), (taken - set(defaults), sglang_version())
+    assert defaults["disable_radix_cache"] is False and defaults["tp_size"] == 1
+    knobs = sglang_common.knobs(sglang_common.with_defaults({}))
+    assert knobs["disable_radix_cache"] is False and knobs["max_total_tokens"] == 2048
 
 
 class _Signalled(Exception):

@@ -18,36 +18,44 @@ from conformance.certificate import compare_stacks
 
 REPO = Path(__file__).resolve().parents[2]
 
-#: the stack of ``--engine ENGINE`` as ``check`` starts it, as a certificate records it
+#: the stack of ``--engine ENGINE`` (and ``--engine-option KEY=VALUE`` for each further
+#: argument) as ``check`` starts it, as a certificate records it
 _STARTED = """
 import json, sys
 from conformance.certificate import stable_stack
 from conformance.stack import StackSpec
 from conformance.started_stack import StartedStack
 if __name__ == "__main__":  # SGLang spawns its scheduler
-    stack = StartedStack.fingerprint_of(StackSpec(engine=sys.argv[1]))
+    options = dict(pair.split("=", 1) for pair in sys.argv[3:])
+    stack = StartedStack.fingerprint_of(StackSpec(engine=sys.argv[1], engine_options=options))
     with open(sys.argv[2], "w") as file:
         json.dump(stable_stack(stack), file)
 """
 
 
 @pytest.mark.parametrize(
-    "engine",
+    ("engine", "defaults"),
     [
-        pytest.param("vllm", marks=pytest.mark.vllm),
-        pytest.param("sglang", marks=pytest.mark.sglang),
+        pytest.param("vllm", ["enable_prefix_caching=true"], marks=pytest.mark.vllm),
+        pytest.param(
+            "sglang", ["disable_radix_cache=false", "tp_size=1"], marks=pytest.mark.sglang
+        ),
     ],
 )
-def test_two_starts_of_a_stack_fingerprint_alike(engine, cli_env, tmp_path):
-    def started(path: Path) -> dict:
+def test_two_starts_of_a_stack_fingerprint_alike(engine, defaults, cli_env, tmp_path):
+    """The second start as a launch that spells out some of the engine's own defaults: the
+    same stack, whatever the launch names of it."""
+
+    def started(path: Path, *options: str) -> dict:
         result = subprocess.run(
-            [sys.executable, "-c", _STARTED, engine, str(path)],
+            [sys.executable, "-c", _STARTED, engine, str(path), *options],
             capture_output=True, text=True, env=cli_env, timeout=900,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
         return json.loads(path.read_text())
 
-    certified, launched = started(tmp_path / "first.json"), started(tmp_path / "second.json")
+    certified = started(tmp_path / "first.json")
+    launched = started(tmp_path / "second.json", *defaults)
     assert compare_stacks({"stack": certified}, launched).differences == []
 
 
